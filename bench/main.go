@@ -1,0 +1,286 @@
+// Command bench measures sbx against its baselines in one run and prints a
+// table: sandbox create to first result, execution round trips, pandas in
+// the zygote against a fresh interpreter, and idle memory; baselines are a
+// fresh `runc run` and a fresh `bwrap` per execution over the same rootfs.
+//
+//	make bench            # or: go run ./bench -n 200
+//
+// Needs root and the built templates (it builds them on first use).
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/template"
+)
+
+var (
+	rounds    = flag.Int("n", 300, "round trips for the round-trip measures")
+	creates   = flag.Int("creates", 15, "sandboxes for create-to-first-result")
+	fresh     = flag.Int("fresh", 10, "runs of each fresh-process baseline")
+	exePath   = flag.String("executor", "bin/sbx-executor", "static sbx-executor binary")
+	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
+	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
+	stateRoot = "/run/sbx-bench"
+)
+
+func main() {
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		log.Fatal("bench: needs root")
+	}
+	ctx := context.Background()
+	store := template.NewStore(filepath.Join(*dataDir, "templates"))
+	py := ensure(ctx, store, "python")
+	rt, err := oci.New(oci.Config{StateDir: stateRoot, ExecutorPath: *exePath, CgroupParent: "sbx-bench",
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ws := filepath.Join(*dataDir, "bench")
+	os.RemoveAll(ws)
+	if err := os.MkdirAll(ws, 0o711); err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(ws)
+
+	var rows []row
+	add := func(r row) {
+		rows = append(rows, r)
+		fmt.Fprintf(os.Stderr, "bench: %-55s p50 %s\n", r.name, fmtDur(r.p50))
+	}
+
+	// Baselines first, over the same rootfs, so the ratios compare like
+	// with like.
+	hostPy := measure(*fresh, func() { mustRun(exec.Command("/usr/bin/python3", "-c", "print(1)")) })
+	add(row{name: "baseline: host python3 -c print(1)", p50: hostPy.p(50), p99: hostPy.p(99)})
+	bw := measure(*fresh, func() { mustRun(bwrapCmd(py.Rootfs, "print(1)")) })
+	add(row{name: "baseline: fresh bwrap ... python3 -c print(1)", p50: bw.p(50), p99: bw.p(99)})
+	rr := measure(*fresh, func() { runcOnce(py.Rootfs, "print(1)") })
+	add(row{name: "baseline: fresh runc run ... python3 -c print(1)", p50: rr.p(50), p99: rr.p(99)})
+
+	// (a) sandbox create -> first result.
+	i := 0
+	cr := measure(*creates, func() {
+		i++
+		s := newSandbox(ctx, rt, fmt.Sprintf("bench-create-%d", i), py.Rootfs, ws, nil)
+		s.run(ctx, "python", "print(1)")
+		s.destroy(ctx)
+	})
+	add(row{name: "(a) create sandbox -> first result (python)", p50: cr.p(50), p99: cr.p(99), goal: "< 150 ms",
+		vs: ratio(cr.p(50), rr.p(50), "fresh runc")})
+
+	// (b) round trip in a running sandbox.
+	s := newSandbox(ctx, rt, "bench-rt", py.Rootfs, ws, nil)
+	for j := 0; j < 20; j++ {
+		s.run(ctx, "python", "print(1)")
+	}
+	rtp := measure(*rounds, func() { s.run(ctx, "python", "print(1)") })
+	add(row{name: "(b) round trip print(1), running sandbox", p50: rtp.p(50), p99: rtp.p(99), goal: "p50 < 5 ms, p99 < 20 ms",
+		vs: ratio(rtp.p(50), rr.p(50), "fresh runc") + ", " + ratio(rtp.p(50), bw.p(50), "fresh bwrap")})
+	rtb := measure(*rounds/3, func() { s.run(ctx, "bash", "echo 1") })
+	add(row{name: "    round trip echo 1 (bash)", p50: rtb.p(50), p99: rtb.p(99)})
+	add(row{name: "    idle memory, python sandbox", mem: s.memory(ctx, rt)})
+	s.destroy(ctx)
+
+	if !*skipDS {
+		ds := ensure(ctx, store, "python-datascience")
+		d := newSandbox(ctx, rt, "bench-ds", ds.Rootfs, ws, ds.Spec.Preload)
+		t0 := time.Now()
+		d.waitReady(ctx)
+		add(row{name: "    datascience sandbox: preload ready after create", p50: time.Since(t0)})
+		const df = "import pandas as pd\ndf = pd.DataFrame({'a': range(1000), 'b': range(1000)})\nreturn float((df.a * df.b).mean())"
+		for j := 0; j < 5; j++ {
+			d.run(ctx, "python", df)
+		}
+		z := measure(*rounds/3, func() { d.run(ctx, "python", df) })
+		f := measure(*fresh, func() {
+			d.run(ctx, "bash", "python3 -c \"import pandas as pd; df = pd.DataFrame({'a': range(1000), 'b': range(1000)}); print(float((df.a * df.b).mean()))\"")
+		})
+		add(row{name: "    pandas DataFrame op, fresh interpreter in sandbox", p50: f.p(50), p99: f.p(99)})
+		add(row{name: "(c) pandas DataFrame op, zygote (python-datascience)", p50: z.p(50), p99: z.p(99), goal: "< 20 ms",
+			vs: ratio(z.p(50), f.p(50), "fresh interpreter")})
+		time.Sleep(time.Second)
+		add(row{name: "    idle memory, datascience sandbox (pandas loaded)", mem: d.memory(ctx, rt), goal: "< 50 MB"})
+		d.destroy(ctx)
+	}
+	printTable(rows)
+}
+
+type row struct {
+	name     string
+	p50, p99 time.Duration
+	mem      uint64
+	goal, vs string
+}
+
+func printTable(rows []row) {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "measure\tp50\tp99\tgoal\tvs baseline (same run)")
+	for _, r := range rows {
+		p50, p99 := fmtDur(r.p50), fmtDur(r.p99)
+		if r.mem > 0 {
+			p50, p99 = fmt.Sprintf("%.1f MB", float64(r.mem)/(1<<20)), ""
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.name, p50, p99, r.goal, r.vs)
+	}
+	w.Flush()
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d == 0:
+		return ""
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.1f ms", float64(d)/1e6)
+	}
+}
+
+func ratio(a, b time.Duration, what string) string {
+	if a == 0 || b == 0 {
+		return ""
+	}
+	if a < b {
+		return fmt.Sprintf("%.1fx faster than %s", float64(b)/float64(a), what)
+	}
+	return fmt.Sprintf("%.1fx slower than %s", float64(a)/float64(b), what)
+}
+
+type samples []time.Duration
+
+func measure(n int, f func()) samples {
+	out := make(samples, 0, n)
+	for i := 0; i < n; i++ {
+		t0 := time.Now()
+		f()
+		out = append(out, time.Since(t0))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// p is the q-th percentile (nearest rank).
+func (s samples) p(q int) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	i := (q*len(s) + 99) / 100
+	return s[max(0, min(len(s)-1, i-1))]
+}
+
+func ensure(ctx context.Context, store *template.Store, name string) *template.Template {
+	spec, _ := template.Builtin(name)
+	if t, ok := store.Lookup(spec); ok {
+		return t
+	}
+	fmt.Fprintf(os.Stderr, "bench: building template %s\n", name)
+	t, err := store.Ensure(ctx, spec, os.Stderr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return t
+}
+
+type sandbox struct {
+	id     string
+	client *executor.Client
+	rt     runtime.Runtime
+}
+
+func newSandbox(ctx context.Context, rt runtime.Runtime, id, rootfs, wsRoot string, preload []string) *sandbox {
+	rt.Destroy(ctx, id) // a previous run that died
+	ws, err := os.MkdirTemp(wsRoot, "ws-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Rootfs: rootfs, Workspace: ws, Preload: preload,
+		Env: map[string]string{"MPLBACKEND": "Agg"}}); err != nil {
+		log.Fatal(err)
+	}
+	return &sandbox{id: id, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
+}
+
+func (s *sandbox) run(ctx context.Context, lang, code string) {
+	res, err := s.client.Run(ctx, executor.RunRequest{Language: lang, Code: code}, nil)
+	if err != nil {
+		log.Fatalf("%s: %v", s.id, err)
+	}
+	if res.Status != executor.StatusCompleted {
+		log.Fatalf("%s: %s: %+v %s", s.id, res.Status, res.Error, res.Stderr)
+	}
+}
+
+func (s *sandbox) waitReady(ctx context.Context) {
+	if err := s.client.WaitReady(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func (s *sandbox) memory(ctx context.Context, rt runtime.Runtime) uint64 {
+	st, err := rt.Stats(ctx, s.id)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return st.MemoryBytes
+}
+
+func (s *sandbox) destroy(ctx context.Context) {
+	s.client.Close()
+	if err := s.rt.Destroy(ctx, s.id); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func bwrapCmd(rootfs, code string) *exec.Cmd {
+	return exec.Command("bwrap", "--ro-bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev",
+		"--tmpfs", "/tmp", "--unshare-all", "--die-with-parent", "--uid", "1000", "--gid", "1000",
+		"/usr/bin/python3", "-c", code)
+}
+
+func mustRun(cmd *exec.Cmd) {
+	if out, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("%s: %v: %s", strings.Join(cmd.Args, " "), err, out)
+	}
+}
+
+// runcOnce is the "fresh container per execution" baseline: a bundle over
+// the same read-only rootfs with fresh namespaces, run in the foreground.
+func runcOnce(rootfs, code string) {
+	dir, err := os.MkdirTemp(stateRoot, "baseline-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	cfg := fmt.Sprintf(`{"ociVersion":"1.0.2","root":{"path":%q,"readonly":true},
+"process":{"args":["/usr/bin/python3","-c",%q],"cwd":"/","user":{"uid":1000,"gid":1000},"env":["PATH=/usr/bin:/bin"],"noNewPrivileges":true},
+"mounts":[{"destination":"/proc","type":"proc","source":"proc"},{"destination":"/dev","type":"tmpfs","source":"tmpfs"},{"destination":"/tmp","type":"tmpfs","source":"tmpfs"}],
+"linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"},{"type":"network"}],"cgroupsPath":"/sbx-bench/baseline"}}`, rootfs, code)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o600); err != nil {
+		log.Fatal(err)
+	}
+	mustRun(exec.Command("runc", "--root", filepath.Join(stateRoot, "baseline-runc"), "run", "--bundle", dir, filepath.Base(dir)))
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

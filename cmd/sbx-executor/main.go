@@ -1,0 +1,73 @@
+// Command sbx-executor is the daemon inside every sandbox: PID 1 of the
+// container, serving the executor protocol (internal/executor/PROTOCOL.md)
+// on a unix socket. It must be built static (CGO_ENABLED=0): it is
+// bind-mounted into rootfs images that may have no matching libc.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/seccomp"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "sbx-executor:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		cfg      executor.Config
+		preload  string
+		logLevel string
+	)
+	flag.StringVar(&cfg.SocketPath, "socket", "/run/sbx/executor.sock", "unix socket to serve the API on; its directory becomes root-only")
+	flag.StringVar(&cfg.Workspace, "workspace", "/workspace", "the session's files; default cwd of executions")
+	flag.IntVar(&cfg.UID, "uid", 1000, "user id user code runs as (not 0)")
+	flag.IntVar(&cfg.GID, "gid", 1000, "group id user code runs as (not 0)")
+	flag.StringVar(&preload, "preload", "", "comma-separated Python modules to import before the first execution")
+	flag.StringVar(&cfg.Python, "python", "/usr/bin/python3", "Python interpreter of the zygote")
+	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if cfg.UID == 0 || cfg.GID == 0 {
+		return fmt.Errorf("--uid and --gid must not be 0: user code never runs as root")
+	}
+	for _, m := range strings.Split(preload, ",") {
+		if m = strings.TrimSpace(m); m != "" {
+			cfg.Preload = append(cfg.Preload, m)
+		}
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	filter, err := seccomp.InnerFilter()
+	if err != nil {
+		return fmt.Errorf("inner seccomp filter: %w", err)
+	}
+	cfg.SeccompFilter = filter
+
+	srv, err := executor.New(cfg)
+	if err != nil {
+		return err
+	}
+	// As PID 1 a signal without a handler is ignored: SIGTERM must be
+	// handled explicitly for `runc kill` (and a pod's termination) to work.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return srv.Serve(ctx)
+}

@@ -1,0 +1,9 @@
+module github.com/sbx-sandbox/sbx
+
+go 1.26.0
+
+require (
+	github.com/opencontainers/runtime-spec v1.3.0 // indirect
+	go.uber.org/goleak v1.3.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+)

@@ -1,0 +1,24 @@
+// Package errdefs holds the few error categories every layer of sbx wraps
+// its errors in. A caller tests a category with errors.Is; the HTTP layer
+// maps each category to a status once, at the edge. Never compare error
+// strings.
+package errdefs
+
+import "errors"
+
+var (
+	// ErrNotFound: the thing asked for does not exist.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: the thing to create exists already.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrInvalidArgument: the request is malformed or out of range.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrFailedPrecondition: the request is well formed but the thing is in
+	// the wrong state for it (pausing a stopped sandbox, say).
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrUnavailable: a dependency (the OCI runtime, the executor, the
+	// network) cannot do it now; retrying later may work.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrResourceExhausted: a limit was reached.
+	ErrResourceExhausted = errors.New("resource exhausted")
+)

@@ -1,0 +1,288 @@
+// Package executor is the daemon that runs inside every sandbox as PID 1,
+// and the Go client that talks to it.
+//
+// The daemon serves HTTP/1.1 over a unix socket (PROTOCOL.md is the
+// contract). Code runs in children of a Python "zygote" that has already
+// imported the template's heavy modules: each execution is a fork of it,
+// PID 1 of a fresh PID namespace, with every privilege dropped and the inner
+// seccomp filter installed, so that killing that one process kills
+// everything the execution started.
+//
+// The types in this file are the wire format, shared by the server and
+// the client.
+package executor
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Version is the executor's version, reported by /health. Release builds
+// set it with -ldflags "-X github.com/sbx-sandbox/sbx/internal/executor.Version=...".
+var Version = "dev"
+
+// Languages an execution can be written in.
+const (
+	LanguagePython = "python"
+	LanguageBash   = "bash"
+)
+
+// Limits and defaults of a RunRequest.
+const (
+	DefaultTimeoutMs   = 30_000
+	MaxTimeoutMs       = 24 * 60 * 60 * 1000
+	DefaultOutputLimit = 1 << 20
+	MaxOutputLimit     = 64 << 20
+	// MaxCodeBytes bounds the source of one execution.
+	MaxCodeBytes = 8 << 20
+	// MaxEventBytes bounds the JSON event handed to handler(event).
+	MaxEventBytes = 16 << 20
+	// MaxRequestBytes bounds a whole /run body: code, event, env and slack.
+	MaxRequestBytes = MaxCodeBytes + MaxEventBytes + 1<<20
+	// MaxReturnValueBytes bounds the JSON of a return value; a larger one
+	// fails the execution with ReturnValueTooLarge.
+	MaxReturnValueBytes = 16 << 20
+	// MaxArtifacts bounds Result.Artifacts.
+	MaxArtifacts = 1000
+	maxIDLen     = 128
+	maxEnvVars   = 1000
+)
+
+// RunRequest is the body of POST /run.
+type RunRequest struct {
+	// ID names the execution for /cancel; the server makes one up when
+	// empty. At most 128 characters of [A-Za-z0-9._:-].
+	ID string `json:"id,omitempty"`
+	// Language is "python" or "bash".
+	Language string `json:"language"`
+	// Code is the source to run.
+	Code string `json:"code"`
+	// Event is any JSON value; Python code's handler(event) receives it
+	// decoded. Absent means null.
+	Event json.RawMessage `json:"event,omitempty"`
+	// Env is added to the executor's own environment for this execution.
+	Env map[string]string `json:"env,omitempty"`
+	// Cwd is the working directory; default the workspace.
+	Cwd string `json:"cwd,omitempty"`
+	// TimeoutMs bounds the run; default 30 s, at most 24 h.
+	TimeoutMs int64 `json:"timeout_ms,omitempty"`
+	// OutputLimitBytes caps each of stdout and stderr; default 1 MiB, at
+	// most 64 MiB.
+	OutputLimitBytes int64 `json:"output_limit_bytes,omitempty"`
+	// ContextID, for Python only, runs the code in a long-lived interpreter
+	// whose globals survive between executions with the same id.
+	ContextID string `json:"context_id,omitempty"`
+}
+
+// Status is where an execution ended.
+type Status string
+
+// Final statuses of an execution.
+const (
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+	StatusTimeout   Status = "timeout"
+	StatusCancelled Status = "cancelled"
+)
+
+// Error types the executor itself produces; Python exceptions use their
+// class name (ValueError, SyntaxError, SystemExit, ...).
+const (
+	ErrTypeTimeout             = "Timeout"
+	ErrTypeCancelled           = "Cancelled"
+	ErrTypeOutOfMemory         = "OutOfMemory"
+	ErrTypeSignal              = "Signal"
+	ErrTypeNonZeroExit         = "NonZeroExit"
+	ErrTypeExecutor            = "ExecutorError"
+	ErrTypeReturnValueTooLarge = "ReturnValueTooLarge"
+)
+
+// Result is the outcome of one execution, the last event of /run.
+type Result struct {
+	ID     string `json:"id"`
+	Status Status `json:"status"`
+	// ExitCode is the process's exit code, or 128+signal if a signal
+	// killed it.
+	ExitCode int `json:"exit_code"`
+	// Stdout and Stderr are the captured text, cut at the output limit and
+	// then ended with a "[sbx: output truncated, N bytes omitted]" line.
+	Stdout          string `json:"stdout"`
+	Stderr          string `json:"stderr"`
+	StdoutTruncated bool   `json:"stdout_truncated"`
+	StderrTruncated bool   `json:"stderr_truncated"`
+	// ReturnValue is the JSON of a top-level return or of handler(event);
+	// absent when the code returned nothing.
+	ReturnValue json.RawMessage `json:"return_value,omitempty"`
+	// Error is set unless Status is completed.
+	Error *ExecError `json:"error,omitempty"`
+	// Artifacts are the workspace-relative paths of regular files the run
+	// created or modified, sorted.
+	Artifacts          []string  `json:"artifacts"`
+	ArtifactsTruncated bool      `json:"artifacts_truncated,omitempty"`
+	StartedAt          time.Time `json:"started_at"`
+	FinishedAt         time.Time `json:"finished_at"`
+	DurationMs         int64     `json:"duration_ms"`
+}
+
+// ExecError says why an execution did not complete.
+type ExecError struct {
+	// Type is the Python exception's class name or one of the ErrType
+	// constants.
+	Type      string `json:"type"`
+	Message   string `json:"message"`
+	Traceback string `json:"traceback,omitempty"`
+}
+
+func (e *ExecError) Error() string { return e.Type + ": " + e.Message }
+
+// Health is the body of GET /health.
+type Health struct {
+	OK      bool   `json:"ok"`
+	Version string `json:"version"`
+	// Ready is true once the zygote has imported its preload list and
+	// waits for work; executions sent before wait for it.
+	Ready        bool     `json:"ready"`
+	Preload      []string `json:"preload"`
+	PreloadError string   `json:"preload_error,omitempty"`
+	UptimeMs     int64    `json:"uptime_ms"`
+}
+
+// Stats is the body of GET /stats: the sandbox's cgroup counters. A value
+// the cgroup does not expose is 0; a limit of 0 means unlimited.
+type Stats struct {
+	CgroupVersion     int    `json:"cgroup_version"`
+	MemoryUsageBytes  uint64 `json:"memory_usage_bytes"`
+	MemoryPeakBytes   uint64 `json:"memory_peak_bytes"`
+	MemoryLimitBytes  uint64 `json:"memory_limit_bytes"`
+	CPUUsageNs        uint64 `json:"cpu_usage_ns"`
+	PidsCurrent       uint64 `json:"pids_current"`
+	PidsLimit         uint64 `json:"pids_limit"`
+	OOMKillCount      uint64 `json:"oom_kill_count"`
+	RunningExecutions int    `json:"running_executions"`
+	Contexts          int    `json:"contexts"`
+}
+
+// CancelRequest is the body of POST /cancel.
+type CancelRequest struct {
+	ID string `json:"id"`
+}
+
+// CancelResponse is the answer to POST /cancel: whether a running
+// execution of that id was found and killed.
+type CancelResponse struct {
+	Cancelled bool `json:"cancelled"`
+}
+
+// Event is one line of the /run response stream.
+type Event struct {
+	// Type is "stdout", "stderr" or "result".
+	Type   string  `json:"type"`
+	Data   string  `json:"data,omitempty"`
+	Result *Result `json:"result,omitempty"`
+}
+
+// errorBody is every error response: {"error":{"code","message"}}.
+type errorBody struct {
+	Error struct {
+		Code    string `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// DecodeRunRequest reads and validates a RunRequest and fills in its
+// defaults. Unknown fields are refused, so that a misspelt option
+// ("timeout" for "timeout_ms") does not silently do nothing. workspace is
+// the default cwd.
+func DecodeRunRequest(r io.Reader, workspace string) (*RunRequest, error) {
+	dec := json.NewDecoder(io.LimitReader(r, MaxRequestBytes+1))
+	dec.DisallowUnknownFields()
+	var req RunRequest
+	if err := dec.Decode(&req); err != nil {
+		return nil, fmt.Errorf("run request: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("run request: trailing data after the JSON object: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := req.validate(workspace); err != nil {
+		return nil, fmt.Errorf("run request: %w", err)
+	}
+	return &req, nil
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf(format+": %w", append(args, errdefs.ErrInvalidArgument)...)
+}
+
+// validate checks every field (the control plane is not trusted to have
+// done it, R-76) and applies defaults.
+func (r *RunRequest) validate(workspace string) error {
+	if r.ID != "" && !idPattern.MatchString(r.ID) {
+		return invalid("id must be 1-%d characters of [A-Za-z0-9._:-]", maxIDLen)
+	}
+	switch r.Language {
+	case LanguagePython, LanguageBash:
+	case "":
+		return invalid("language is required (python or bash)")
+	default:
+		return invalid("language %q is not python or bash", r.Language)
+	}
+	if len(r.Code) > MaxCodeBytes {
+		return invalid("code is %d bytes, more than %d", len(r.Code), MaxCodeBytes)
+	}
+	// bash -c takes a C string. (JSON decoding already made the code valid
+	// UTF-8; Python reports a NUL as a SyntaxError of its own.)
+	if r.Language == LanguageBash && strings.IndexByte(r.Code, 0) >= 0 {
+		return invalid("bash code must not contain NUL")
+	}
+	if len(r.Event) > MaxEventBytes {
+		return invalid("event is %d bytes, more than %d", len(r.Event), MaxEventBytes)
+	}
+	if len(r.Event) == 0 || bytes.Equal(bytes.TrimSpace(r.Event), []byte("null")) {
+		r.Event = json.RawMessage("null")
+	}
+	if len(r.Env) > maxEnvVars {
+		return invalid("env has %d variables, more than %d", len(r.Env), maxEnvVars)
+	}
+	for k, v := range r.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.IndexByte(v, 0) >= 0 {
+			return invalid("env: variable %q: names must be non-empty without '=' or NUL, values without NUL", k)
+		}
+	}
+	if r.Cwd == "" {
+		r.Cwd = workspace
+	}
+	if !path.IsAbs(r.Cwd) || strings.IndexByte(r.Cwd, 0) >= 0 {
+		return invalid("cwd %q must be an absolute path", r.Cwd)
+	}
+	switch {
+	case r.TimeoutMs == 0:
+		r.TimeoutMs = DefaultTimeoutMs
+	case r.TimeoutMs < 0 || r.TimeoutMs > MaxTimeoutMs:
+		return invalid("timeout_ms %d out of range 1..%d", r.TimeoutMs, MaxTimeoutMs)
+	}
+	switch {
+	case r.OutputLimitBytes == 0:
+		r.OutputLimitBytes = DefaultOutputLimit
+	case r.OutputLimitBytes < 0 || r.OutputLimitBytes > MaxOutputLimit:
+		return invalid("output_limit_bytes %d out of range 1..%d", r.OutputLimitBytes, MaxOutputLimit)
+	}
+	if r.ContextID != "" {
+		if r.Language != LanguagePython {
+			return invalid("context_id is for python only")
+		}
+		if !idPattern.MatchString(r.ContextID) {
+			return invalid("context_id must be 1-%d characters of [A-Za-z0-9._:-]", maxIDLen)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,93 @@
+package executor
+
+import (
+	"errors"
+	"io/fs"
+	"path/filepath"
+	"sort"
+	"syscall"
+)
+
+// maxWalkEntries bounds one walk of the workspace. A run's latency must not
+// grow without bound with the number of files the session has collected;
+// past this, artifacts are not reported (artifacts_truncated says so).
+const maxWalkEntries = 20_000
+
+// fileKey is what tells that a file changed. Size and mtime alone miss a
+// file replaced by another of the same size within one timestamp tick;
+// the inode catches the usual write-to-temp-then-rename.
+type fileKey struct {
+	size  int64
+	mtime int64 // ns
+	ino   uint64
+}
+
+// workspaceSnapshot is the state of the regular files under a directory.
+type workspaceSnapshot struct {
+	files map[string]fileKey
+	// truncated is set when the walk gave up at maxWalkEntries.
+	truncated bool
+}
+
+// snapshotWorkspace walks root without following symbolic links: a link
+// planted by user code must not make the executor (root) stat or report
+// anything outside the workspace.
+func snapshotWorkspace(root string) workspaceSnapshot {
+	snap := workspaceSnapshot{files: make(map[string]fileKey)}
+	entries := 0
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if d != nil && d.IsDir() && p != root {
+				return filepath.SkipDir // unreadable directory: skip it
+			}
+			return nil
+		}
+		entries++
+		if entries > maxWalkEntries {
+			snap.truncated = true
+			return filepath.SkipAll
+		}
+		if !d.Type().IsRegular() {
+			return nil // directories are walked; links, fifos, sockets skipped
+		}
+		info, err := d.Info() // lstat
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		rel, err := filepath.Rel(root, p)
+		if err != nil {
+			return nil
+		}
+		snap.files[filepath.ToSlash(rel)] = fileKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		snap.truncated = true
+	}
+	return snap
+}
+
+// artifacts lists the files new or changed between two snapshots, sorted,
+// at most MaxArtifacts of them. If either walk gave up, the comparison
+// would report files that were merely not seen before, so nothing is
+// reported and truncated is set.
+func artifacts(before, after workspaceSnapshot) (paths []string, truncated bool) {
+	if before.truncated || after.truncated {
+		return []string{}, true
+	}
+	paths = []string{}
+	for p, k := range after.files {
+		if old, ok := before.files[p]; !ok || old != k {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	if len(paths) > MaxArtifacts {
+		return paths[:MaxArtifacts], true
+	}
+	return paths, false
+}

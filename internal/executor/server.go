@@ -1,0 +1,447 @@
+package executor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Config configures the executor. Zero fields take the documented defaults.
+type Config struct {
+	// SocketPath is where the HTTP API listens. Default /run/sbx/executor.sock.
+	SocketPath string
+	// ControlDir holds the socket, the zygote script and the inner seccomp
+	// filter; it is made mode 0700 so that only root may enter it.
+	// Default: the directory of SocketPath.
+	ControlDir string
+	// Workspace is the session's files and the default cwd. Default /workspace.
+	Workspace string
+	// UID and GID are what user code runs as. Default 1000; 0 is refused.
+	UID, GID int
+	// Preload lists Python modules the zygote imports before it is ready.
+	Preload []string
+	// Python is the interpreter of the zygote. Default /usr/bin/python3.
+	Python string
+	// Bash runs bash executions. Default /bin/bash.
+	Bash string
+	// SeccompFilter is the inner seccomp program (seccomp.InnerFilter) that
+	// every user process installs. Required unless AllowNoSeccomp.
+	SeccompFilter []byte
+	// AllowNoSeccomp lets user code run without an inner filter. For tests
+	// on a host only; production never sets it.
+	AllowNoSeccomp bool
+	// Env is the environment every execution inherits. Default os.Environ().
+	Env []string
+	// CgroupRoot is where cgroups are mounted. Default /sys/fs/cgroup.
+	CgroupRoot string
+	// MaxContexts bounds the stateful contexts of the sandbox. Default 16.
+	MaxContexts int
+	// WarmWorkers is how many run workers the zygote keeps forked and set
+	// up ahead of demand; each costs the memory its set-up touched (a few
+	// MB). Default 1; negative means none.
+	WarmWorkers int
+	// Logger receives the executor's logs. Default: slog JSON on stderr.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.SocketPath == "" {
+		c.SocketPath = "/run/sbx/executor.sock"
+	}
+	if c.ControlDir == "" {
+		c.ControlDir = filepath.Dir(c.SocketPath)
+	}
+	if c.Workspace == "" {
+		c.Workspace = "/workspace"
+	}
+	if c.UID == 0 {
+		c.UID = 1000
+	}
+	if c.GID == 0 {
+		c.GID = 1000
+	}
+	if c.UID < 0 || c.GID < 0 {
+		return fmt.Errorf("executor: uid %d gid %d: user code never runs as root: %w", c.UID, c.GID, errdefs.ErrInvalidArgument)
+	}
+	if c.Python == "" {
+		c.Python = "/usr/bin/python3"
+	}
+	if c.Bash == "" {
+		c.Bash = "/bin/bash"
+	}
+	if c.Env == nil {
+		c.Env = os.Environ()
+	}
+	if c.CgroupRoot == "" {
+		c.CgroupRoot = "/sys/fs/cgroup"
+	}
+	if c.MaxContexts == 0 {
+		c.MaxContexts = 16
+	}
+	if c.WarmWorkers == 0 {
+		c.WarmWorkers = 1
+	}
+	c.WarmWorkers = max(c.WarmWorkers, 0)
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	}
+	if len(c.SeccompFilter) == 0 && !c.AllowNoSeccomp {
+		return fmt.Errorf("executor: no inner seccomp filter: %w", errdefs.ErrInvalidArgument)
+	}
+	for _, m := range c.Preload {
+		if m == "" || strings.ContainsAny(m, " \t\n/") {
+			return fmt.Errorf("executor: preload module %q: %w", m, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}
+
+// Server is the executor daemon.
+type Server struct {
+	cfg        Config
+	log        *slog.Logger
+	started    time.Time
+	scriptPath string
+	filterPath string
+	env        map[string]string
+	cg         *cgroupReader
+
+	rp         *reaper
+	baseCtx    context.Context
+	baseCancel context.CancelCauseFunc
+	wg         sync.WaitGroup // execution supervisors and the zygote supervisor
+
+	mu         sync.Mutex
+	closing    bool
+	execs      map[string]*execution
+	contexts   map[string]*pyContext
+	zyg        *zygote       // nil while none is running
+	zygChanged chan struct{} // closed and replaced whenever zyg changes
+	zygErr     error         // why the last zygote died or failed to start
+}
+
+var errShuttingDown = errors.New("the executor is shutting down")
+
+// New checks cfg and prepares the control directory. Serve runs the server.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.ControlDir, 0o700); err != nil {
+		return nil, fmt.Errorf("executor: control dir: %w", err)
+	}
+	// MkdirAll leaves an existing (bind-mounted) directory's mode alone.
+	if err := os.Chmod(cfg.ControlDir, 0o700); err != nil {
+		return nil, fmt.Errorf("executor: control dir: %w", err)
+	}
+	s := &Server{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		started:    time.Now(),
+		scriptPath: filepath.Join(cfg.ControlDir, "zygote.py"),
+		env:        map[string]string{},
+		execs:      map[string]*execution{},
+		contexts:   map[string]*pyContext{},
+		zygChanged: make(chan struct{}),
+	}
+	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
+		return nil, fmt.Errorf("executor: write zygote: %w", err)
+	}
+	if len(cfg.SeccompFilter) > 0 {
+		s.filterPath = filepath.Join(cfg.ControlDir, "inner-seccomp.bpf")
+		if err := os.WriteFile(s.filterPath, cfg.SeccompFilter, 0o600); err != nil {
+			return nil, fmt.Errorf("executor: write seccomp filter: %w", err)
+		}
+	}
+	for _, kv := range cfg.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" {
+			s.env[k] = v
+		}
+	}
+	self, _ := os.ReadFile("/proc/self/cgroup")
+	s.cg = newCgroupReader(cfg.CgroupRoot, self)
+	return s, nil
+}
+
+// Serve listens on the socket and serves until ctx is done, then kills
+// every execution and the zygote and returns. It returns an error only if
+// it could not start.
+func (s *Server) Serve(ctx context.Context) error {
+	rp, err := newReaper(os.Getpid() == 1, s.log)
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	s.rp = rp
+	defer rp.close()
+
+	_ = os.Remove(s.cfg.SocketPath) // a stale socket of a previous run
+	l, err := net.Listen("unix", s.cfg.SocketPath)
+	if err != nil {
+		return fmt.Errorf("executor: listen: %w", err)
+	}
+	defer os.Remove(s.cfg.SocketPath)
+	if err := os.Chmod(s.cfg.SocketPath, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("executor: socket mode: %w", err)
+	}
+
+	s.baseCtx, s.baseCancel = context.WithCancelCause(context.Background())
+	s.wg.Add(1)
+	go s.superviseZygote()
+
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- hs.Serve(l) }()
+	s.log.Info("executor listening", "socket", s.cfg.SocketPath, "version", Version, "pid1", os.Getpid() == 1)
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		s.log.Error("http server stopped", "err", err)
+	}
+	s.shutdown(hs)
+	return nil
+}
+
+// shutdown kills everything, lets the handlers write their (cancelled)
+// results, and waits for every goroutine it owns.
+func (s *Server) shutdown(hs *http.Server) {
+	s.mu.Lock()
+	s.closing = true
+	contexts := make([]*pyContext, 0, len(s.contexts))
+	for _, pc := range s.contexts {
+		contexts = append(contexts, pc)
+	}
+	s.mu.Unlock()
+	s.baseCancel(errShuttingDown)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(ctx); err != nil {
+		hs.Close()
+	}
+	s.wg.Wait()
+	for _, pc := range contexts {
+		pc.destroy()
+	}
+	s.log.Info("executor stopped")
+}
+
+// Handler is the HTTP API.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", s.handleHealth)
+	mux.HandleFunc("POST /run", s.handleRun)
+	mux.HandleFunc("POST /cancel", s.handleCancel)
+	mux.HandleFunc("GET /stats", s.handleStats)
+	mux.HandleFunc("DELETE /contexts/{id}", s.handleDeleteContext)
+	return mux
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	h := Health{OK: true, Version: Version, Preload: append([]string{}, s.cfg.Preload...),
+		UptimeMs: time.Since(s.started).Milliseconds()}
+	s.mu.Lock()
+	z, zerr := s.zyg, s.zygErr
+	s.mu.Unlock()
+	if z != nil && !z.isDead() {
+		select {
+		case <-z.ready:
+			h.Ready = true
+			var errs []string
+			for name, e := range z.info.errors {
+				errs = append(errs, name+": "+e)
+			}
+			sort.Strings(errs)
+			h.PreloadError = strings.Join(errs, "; ")
+		default:
+		}
+	}
+	if !h.Ready && zerr != nil {
+		h.PreloadError = "zygote: " + zerr.Error()
+	}
+	writeJSON(w, http.StatusOK, h)
+}
+
+func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
+	var req CancelRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
+	if err := dec.Decode(&req); err != nil || req.ID == "" {
+		writeError(w, fmt.Errorf("cancel: body must be {\"id\": ...}: %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	s.mu.Lock()
+	e := s.execs[req.ID]
+	s.mu.Unlock()
+	if e != nil {
+		e.cancel(errCancelRequested)
+	}
+	writeJSON(w, http.StatusOK, CancelResponse{Cancelled: e != nil})
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
+	st := s.cg.read()
+	s.mu.Lock()
+	st.RunningExecutions = len(s.execs)
+	st.Contexts = len(s.contexts)
+	s.mu.Unlock()
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	pc := s.contexts[id]
+	delete(s.contexts, id)
+	s.mu.Unlock()
+	if pc == nil {
+		writeError(w, fmt.Errorf("context %q: %w", id, errdefs.ErrNotFound))
+		return
+	}
+	pc.delete()
+	writeJSON(w, http.StatusOK, map[string]bool{"deleted": true})
+}
+
+// superviseZygote keeps a zygote running, restarting it with backoff when
+// it dies, until the server shuts down.
+func (s *Server) superviseZygote() {
+	defer s.wg.Done()
+	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
+	backoff := minBackoff
+	cfg := zygoteConfig{
+		UID: s.cfg.UID, GID: s.cfg.GID, Preload: s.cfg.Preload, Bash: s.cfg.Bash,
+		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: MaxReturnValueBytes,
+		Warm: s.cfg.WarmWorkers,
+	}
+	env := s.cfg.Env
+	for {
+		died := make(chan struct{})
+		z, err := startZygote(s.cfg.Python, s.scriptPath, cfg, env, s.rp, s.log, func(*zygote) { close(died) })
+		if err == nil {
+			s.setZygote(z, nil)
+			up := time.Now()
+			select {
+			case <-died:
+				err = fmt.Errorf("%w (%s)", errZygoteDied, describeExit(z.status))
+				s.log.Error("zygote died; restarting it", "pid", z.pid, "how", describeExit(z.status))
+				if time.Since(up) > time.Minute {
+					backoff = minBackoff
+				}
+			case <-s.baseCtx.Done():
+				z.kill()
+				<-died
+				s.setZygote(nil, errShuttingDown)
+				return
+			}
+		} else {
+			s.log.Error("cannot start the zygote", "err", err)
+		}
+		s.setZygote(nil, err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-s.baseCtx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+func (s *Server) setZygote(z *zygote, err error) {
+	s.mu.Lock()
+	s.zyg, s.zygErr = z, err
+	close(s.zygChanged)
+	s.zygChanged = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// zygoteWaitMax bounds how long an execution waits for a zygote to be
+// ready (first start, preload, or restart after a crash) before failing.
+const zygoteWaitMax = 60 * time.Second
+
+// readyZygote returns a running zygote that has finished its preload,
+// waiting for one if needed.
+func (s *Server) readyZygote(ctx context.Context) (*zygote, error) {
+	t := time.NewTimer(zygoteWaitMax)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		z, changed, zerr := s.zyg, s.zygChanged, s.zygErr
+		s.mu.Unlock()
+		var ready, dead <-chan struct{}
+		if z != nil {
+			ready, dead = z.ready, z.dead
+		}
+		select {
+		case <-ready:
+			if !z.isDead() {
+				return z, nil
+			}
+		case <-dead:
+		case <-changed:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		case <-t.C:
+			return nil, fmt.Errorf("no Python zygote ready after %s (last error: %v): %w", zygoteWaitMax, zerr, errdefs.ErrUnavailable)
+		}
+		// A dead zygote's channel stays closed: wait for the next change.
+		if z != nil && z.isDead() {
+			select {
+			case <-changed:
+			case <-ctx.Done():
+				return nil, context.Cause(ctx)
+			case <-t.C:
+				return nil, fmt.Errorf("no Python zygote ready after %s (last error: %v): %w", zygoteWaitMax, zerr, errdefs.ErrUnavailable)
+			}
+		}
+	}
+}
+
+// newID makes an execution id when the request has none.
+func newID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "exec-" + hex.EncodeToString(b)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError maps an error's category to its HTTP status, once, here.
+func writeError(w http.ResponseWriter, err error) {
+	status, code := http.StatusInternalServerError, "internal"
+	switch {
+	case errors.Is(err, errdefs.ErrInvalidArgument):
+		status, code = http.StatusBadRequest, "invalid_argument"
+	case errors.Is(err, errdefs.ErrNotFound):
+		status, code = http.StatusNotFound, "not_found"
+	case errors.Is(err, errdefs.ErrAlreadyExists):
+		status, code = http.StatusConflict, "already_exists"
+	case errors.Is(err, errdefs.ErrFailedPrecondition):
+		status, code = http.StatusConflict, "failed_precondition"
+	case errors.Is(err, errdefs.ErrResourceExhausted):
+		status, code = http.StatusTooManyRequests, "resource_exhausted"
+	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errShuttingDown):
+		status, code = http.StatusServiceUnavailable, "unavailable"
+	}
+	var body errorBody
+	body.Error.Code, body.Error.Message = code, err.Error()
+	writeJSON(w, status, body)
+}

@@ -1,0 +1,180 @@
+package oci
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+)
+
+// cgroupMounts lists the mount points of every cgroup hierarchy: one per v1
+// controller (plus the unified cgroup2 mount on a hybrid host), or the single
+// cgroup2 mount.
+func cgroupMounts() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// id parent major:minor root mountpoint opts... - fstype source superopts
+		fields := strings.Fields(sc.Text())
+		for i, f := range fields {
+			if f == "-" && i+1 < len(fields) && i >= 5 {
+				if t := fields[i+1]; t == "cgroup" || t == "cgroup2" {
+					out = append(out, fields[4])
+				}
+				break
+			}
+		}
+	}
+	return out, sc.Err()
+}
+
+// removeCgroups removes whatever cgroups of the sandbox the runtime left
+// behind, in every hierarchy. The runtime's own delete normally does this;
+// after a crash it may not have.
+func removeCgroups(parent, id string) error {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		if err := removeCgroupDir(dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// removeCgroupDir removes a cgroup directory and any children, deepest
+// first. A cgroup whose last process is still being torn down answers EBUSY
+// for a moment, so that is retried briefly.
+func removeCgroupDir(dir string) error {
+	var dirs []string
+	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			dirs = append(dirs, p)
+		}
+		return nil
+	})
+	for i := len(dirs) - 1; i >= 0; i-- {
+		var err error
+		for try := 0; try < 50; try++ {
+			if err = syscall.Rmdir(dirs[i]); err == nil || errors.Is(err, syscall.ENOENT) {
+				err = nil
+				break
+			}
+			if !errors.Is(err, syscall.EBUSY) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err != nil {
+			return fmt.Errorf("remove cgroup %s: %w", dirs[i], err)
+		}
+	}
+	return nil
+}
+
+// readCgroupStats reads a sandbox's usage from its cgroups (v1 or v2).
+func readCgroupStats(parent, id string) (*runtime.Stats, error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return nil, err
+	}
+	var st runtime.Stats
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		read := func(name string) uint64 { return readUint(filepath.Join(dir, name)) }
+		if _, err := os.Stat(filepath.Join(dir, "cgroup.controllers")); err == nil {
+			// cgroup v2. On a hybrid host this directory may hold no
+			// controllers; only fill what v1 did not.
+			if st.MemoryBytes == 0 {
+				st.MemoryBytes = read("memory.current")
+				st.MemoryPeakBytes = read("memory.peak")
+				st.OOMKills = readKey(filepath.Join(dir, "memory.events"), "oom_kill")
+			}
+			if st.CPUNanos == 0 {
+				st.CPUNanos = readKey(filepath.Join(dir, "cpu.stat"), "usage_usec") * 1000
+			}
+			if st.PIDs == 0 {
+				st.PIDs = read("pids.current")
+			}
+			continue
+		}
+		switch filepath.Base(m) {
+		case "memory":
+			st.MemoryBytes = read("memory.usage_in_bytes")
+			st.MemoryPeakBytes = read("memory.max_usage_in_bytes")
+			st.OOMKills = readKey(filepath.Join(dir, "memory.oom_control"), "oom_kill")
+		case "cpuacct", "cpu,cpuacct":
+			st.CPUNanos = read("cpuacct.usage")
+		case "pids":
+			st.PIDs = read("pids.current")
+		}
+	}
+	return &st, nil
+}
+
+func readUint(path string) uint64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	v, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	return v
+}
+
+// readKey reads "key value" lines (memory.events, cpu.stat, oom_control).
+func readKey(path, key string) uint64 {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, " ")
+		if ok && k == key {
+			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// chownTree makes every entry of dir owned by uid:gid, leaving entries that
+// already are alone (the common case: files the sandbox itself wrote). It
+// does not follow symlinks.
+func chownTree(dir string, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
+			return nil
+		}
+		return os.Lchown(p, uid, gid)
+	})
+}

@@ -1,0 +1,174 @@
+package oci
+
+import (
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/seccomp"
+)
+
+// Paths inside every sandbox. Templates create these mount points at build
+// time, because a read-only rootfs cannot.
+const (
+	workspaceDir   = "/workspace"
+	controlDir     = "/run/sbx"
+	executorDir    = "/opt/sbx"
+	executorSocket = controlDir + "/executor.sock"
+	executorBinary = executorDir + "/sbx-executor"
+)
+
+// sandboxUID is the user code runs as inside every sandbox.
+const sandboxUID = 1000
+
+// executorCaps are what the executor keeps inside the sandbox's own user
+// namespace: enough to give each execution its own PID and mount namespace
+// and to drop to sandboxUID. They mean nothing outside that namespace, and
+// user code never has any of them (the executor clears every set, the
+// bounding set included, before it runs user code).
+var executorCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_SYS_ADMIN",
+}
+
+// maskedPaths and readonlyPaths are the usual set (runc's `runc spec`,
+// containerd's defaults): kernel interfaces a sandbox has no business with.
+var (
+	maskedPaths = []string{
+		"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+		"/proc/sched_debug", "/proc/scsi", "/sys/firmware",
+		"/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+// bundleConfig is what config.json is generated from.
+type bundleConfig struct {
+	spec       runtime.Spec
+	res        runtime.Resources
+	controlDir string // host directory mounted at /run/sbx
+	binDir     string // host directory holding sbx-executor, mounted at /opt/sbx
+	uidShift   uint32
+	uidRange   uint32
+	cgroupPath string
+}
+
+// ociSpec builds the OCI runtime spec of one sandbox.
+func ociSpec(c bundleConfig) *specs.Spec {
+	res := c.res
+	memory := res.MemoryMB << 20
+	quota := int64(res.CPU * 100000)
+	period := uint64(100000)
+	pids := res.PIDs
+	swappiness := uint64(0)
+	args := []string{executorBinary,
+		"--socket", executorSocket,
+		"--workspace", workspaceDir,
+		"--uid", strconv.Itoa(sandboxUID), "--gid", strconv.Itoa(sandboxUID),
+	}
+	if len(c.spec.Preload) > 0 {
+		args = append(args, "--preload", strings.Join(c.spec.Preload, ","))
+	}
+	caps := append([]string(nil), executorCaps...)
+	return &specs.Spec{
+		// runc 1.1 speaks 1.0.2; nothing here needs a newer spec.
+		Version:  "1.0.2",
+		Hostname: "sbx",
+		Root:     &specs.Root{Path: c.spec.Rootfs, Readonly: true},
+		Process: &specs.Process{
+			Args: args,
+			Env:  environ(c.spec.Env),
+			Cwd:  workspaceDir,
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  caps,
+				Effective: caps,
+				Permitted: caps,
+			},
+			NoNewPrivileges: true,
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Soft: 4096, Hard: 4096},
+				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
+				// One file may not be larger than the whole workspace may be.
+				{Type: "RLIMIT_FSIZE", Soft: uint64(res.DiskMB) << 20, Hard: uint64(res.DiskMB) << 20},
+			},
+			OOMScoreAdj: intPtr(0),
+		},
+		Mounts: mounts(c),
+		Linux: &specs.Linux{
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.uidShift, Size: c.uidRange}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: c.uidShift, Size: c.uidRange}},
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace},
+				{Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.NetworkNamespace}, {Type: specs.UserNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+			CgroupsPath: c.cgroupPath,
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &memory, Swap: &memory, Swappiness: &swappiness},
+				CPU:     &specs.LinuxCPU{Quota: &quota, Period: &period},
+				Pids:    &specs.LinuxPids{Limit: &pids},
+			},
+			Seccomp:           seccomp.OCI(),
+			RootfsPropagation: "private",
+			MaskedPaths:       maskedPaths,
+			ReadonlyPaths:     readonlyPaths,
+		},
+	}
+}
+
+func mounts(c bundleConfig) []specs.Mount {
+	tmp := "size=" + strconv.FormatInt(c.res.TmpMB, 10) + "m"
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", tmp}},
+		{Destination: workspaceDir, Type: "bind", Source: c.spec.Workspace, Options: []string{"rbind", "rw", "nosuid", "nodev"}},
+		{Destination: controlDir, Type: "bind", Source: c.controlDir, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+		{Destination: executorDir, Type: "bind", Source: c.binDir, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+	}
+}
+
+// environ is the executor's environment, which every execution inherits:
+// fixed defaults, overridden by the spec's variables, sorted so that the
+// generated config is stable.
+func environ(extra map[string]string) []string {
+	env := map[string]string{
+		"PATH":                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME":                    "/tmp",
+		"LANG":                    "C.UTF-8",
+		"TERM":                    "xterm",
+		"PYTHONDONTWRITEBYTECODE": "1",
+		"MPLCONFIGDIR":            "/tmp/.matplotlib",
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func intPtr(v int) *int { return &v }
+
+// sandboxCgroup is the cgroup path of a sandbox under the sbx parent. An
+// explicit path keeps every controller's cgroup in one place that Destroy
+// can find (runc otherwise scatters them, see runtime-facts.md).
+func sandboxCgroup(parent, id string) string { return filepath.Join("/", parent, id) }

@@ -1,0 +1,567 @@
+// Package oci runs sandboxes as OCI containers through a runtime binary:
+// runc (the default), crun or gVisor's runsc. It writes a bundle per sandbox
+// (config.json generated from the runtime-spec Go types), starts the
+// executor as the container's PID 1 and talks to it over a unix socket in a
+// control directory bind-mounted into the container.
+package oci
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+)
+
+// Config configures the OCI driver. Zero fields take the documented
+// defaults.
+type Config struct {
+	// Runtime is the OCI runtime: "runc" (default), "crun" or "runsc". A
+	// name is looked up in PATH; a path is used as is.
+	Runtime string
+	// StateDir holds bundles (StateDir/sandboxes/ID), the runtime's own
+	// state (StateDir/<runtime>) and the executor binary mounted into every
+	// sandbox (StateDir/bin). Default: /run/sbx. It lives on a tmpfs on
+	// purpose: containers do not survive a reboot, so neither should their
+	// state.
+	StateDir string
+	// ExecutorPath is the static sbx-executor binary on the host. Default:
+	// sbx-executor beside the running executable, then in PATH.
+	ExecutorPath string
+	// CgroupParent is the cgroup under which every sandbox gets its own.
+	// Default: sbx.
+	CgroupParent string
+	// UIDShift is the host uid that root inside a sandbox maps to; UIDRange
+	// ids are mapped from there. Defaults: 100000 and 65536. Template rootfs
+	// builds are shifted by the same amount.
+	UIDShift uint32
+	UIDRange uint32
+	// RunscFlags are global flags for runsc. Default: --platform=systrap
+	// --network=none (see runtime-facts.md: gVisor needs them on every
+	// subcommand).
+	RunscFlags []string
+	// ReadyTimeout bounds how long Create waits for the executor to answer.
+	// Default: 30s.
+	ReadyTimeout time.Duration
+	// Log receives the driver's logs. Default: slog.Default().
+	Log *slog.Logger
+}
+
+// Runtime is the OCI driver.
+type Runtime struct {
+	cfg    Config
+	name   string // runc, crun or runsc
+	binary string // resolved path of the runtime binary
+	global []string
+	log    *slog.Logger
+}
+
+var _ runtime.Runtime = (*Runtime)(nil)
+
+// validID is what a sandbox id may look like. It ends up in paths, cgroup
+// names and the runtime's command line, and the socket path it is part of
+// must stay under the 108-byte limit of unix socket addresses.
+var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+
+// New checks that the runtime binary exists and can work on this machine,
+// and prepares the state directory.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Runtime == "" {
+		cfg.Runtime = "runc"
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = "/run/sbx"
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "sbx"
+	}
+	if cfg.UIDShift == 0 {
+		cfg.UIDShift = 100000
+	}
+	if cfg.UIDRange == 0 {
+		cfg.UIDRange = 65536
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 30 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	r := &Runtime{cfg: cfg, name: filepath.Base(cfg.Runtime), log: cfg.Log}
+	bin, err := exec.LookPath(cfg.Runtime)
+	if err != nil {
+		return nil, fmt.Errorf("OCI runtime %q is not installed (apt-get install %s): %w", cfg.Runtime, debianPackage(r.name), errdefs.ErrUnavailable)
+	}
+	r.binary = bin
+	switch r.name {
+	case "runc":
+	case "crun":
+		if err := crunSupported(); err != nil {
+			return nil, err
+		}
+	case "runsc":
+		r.global = cfg.RunscFlags
+		if r.global == nil {
+			r.global = []string{"--platform=systrap", "--network=none"}
+		}
+	default:
+		return nil, fmt.Errorf("OCI runtime %q: want runc, crun or runsc: %w", cfg.Runtime, errdefs.ErrInvalidArgument)
+	}
+	r.global = append([]string{"--root", filepath.Join(cfg.StateDir, r.name)}, r.global...)
+	if err := r.prepareStateDir(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Name is the runtime's name: runc, crun or runsc.
+func (r *Runtime) Name() string { return r.name }
+
+func debianPackage(name string) string {
+	if name == "runsc" {
+		return "-t bookworm-backports runsc"
+	}
+	return name
+}
+
+// crunSupported reports crun's known failure on this kind of machine: crun
+// refuses cgroup v1 "hybrid" hierarchies whose cgroup2 mount has
+// controllers enabled (see runtime-facts.md), and says so only when a
+// container starts. Finding it here gives a clear error up front.
+func crunSupported() error {
+	b, err := os.ReadFile("/sys/fs/cgroup/unified/cgroup.controllers")
+	if err != nil {
+		return nil // not hybrid: pure v1 or pure v2
+	}
+	if ctrls := strings.Fields(string(b)); len(ctrls) > 0 {
+		return fmt.Errorf("crun does not support this machine's cgroup layout: cgroup v1 with controllers (%s) on the hybrid cgroup2 mount; use runc or runsc: %w",
+			strings.Join(ctrls, ", "), errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+func (r *Runtime) prepareStateDir() error {
+	for _, d := range []string{r.cfg.StateDir, filepath.Join(r.cfg.StateDir, "sandboxes"), filepath.Join(r.cfg.StateDir, "bin")} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return fmt.Errorf("state dir: %w", err)
+		}
+	}
+	exe := r.cfg.ExecutorPath
+	if exe == "" {
+		var err error
+		if exe, err = findExecutor(); err != nil {
+			return err
+		}
+	}
+	return installExecutor(exe, filepath.Join(r.cfg.StateDir, "bin", "sbx-executor"))
+}
+
+// findExecutor looks for sbx-executor beside the running binary, then in
+// PATH.
+func findExecutor() (string, error) {
+	if self, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(self), "sbx-executor")
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("sbx-executor"); err == nil {
+		return p, nil
+	}
+	return "", fmt.Errorf("sbx-executor not found beside %s or in PATH (make build): %w", os.Args[0], errdefs.ErrUnavailable)
+}
+
+// installExecutor copies the executor binary into the directory mounted
+// into sandboxes, so that rebuilding the binary under a running server
+// neither breaks running sandboxes nor needs the build tree to be readable
+// by the sandboxes' unprivileged uids. Running sandboxes keep the old inode.
+func installExecutor(src, dst string) error {
+	want, err := os.ReadFile(src)
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	if have, err := os.ReadFile(dst); err == nil && bytes.Equal(have, want) {
+		return nil
+	}
+	tmp := dst + ".tmp"
+	if err := os.WriteFile(tmp, want, 0o755); err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	return os.Rename(tmp, dst)
+}
+
+func (r *Runtime) bundle(id string) string {
+	return filepath.Join(r.cfg.StateDir, "sandboxes", id)
+}
+
+// record is what a bundle remembers about its sandbox, so that List and
+// Inspect work for sandboxes a previous server process started.
+type record struct {
+	runtime.Info
+}
+
+// Create starts a sandbox and waits until its executor answers.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Info, err error) {
+	if !validID.MatchString(spec.ID) {
+		return nil, fmt.Errorf("sandbox id %q: want 1-64 of [a-zA-Z0-9_-]: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	if spec.Network {
+		return nil, fmt.Errorf("sandbox %s: network access is not supported yet: %w", spec.ID, errdefs.ErrInvalidArgument)
+	}
+	for _, p := range []string{spec.Rootfs, spec.Workspace} {
+		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
+			return nil, fmt.Errorf("sandbox %s: %q is not a directory: %w", spec.ID, p, errdefs.ErrInvalidArgument)
+		}
+	}
+	res := spec.Resources.WithDefaults()
+	b := r.bundle(spec.ID)
+	if err := os.Mkdir(b, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
+		}
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := r.Destroy(context.WithoutCancel(ctx), spec.ID); derr != nil {
+				r.log.Warn("cleanup after failed create", "sandbox", spec.ID, "err", derr)
+			}
+		}
+	}()
+
+	root := int(r.cfg.UIDShift)
+	ctl := filepath.Join(b, "ctl")
+	if err := os.Mkdir(ctl, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chown(ctl, root, root); err != nil {
+		return nil, err
+	}
+	if err := chownTree(spec.Workspace, root+sandboxUID, root+sandboxUID); err != nil {
+		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
+	}
+	cfg := ociSpec(bundleConfig{
+		spec: spec, res: res, controlDir: ctl,
+		binDir:   filepath.Join(r.cfg.StateDir, "bin"),
+		uidShift: r.cfg.UIDShift, uidRange: r.cfg.UIDRange,
+		cgroupPath: sandboxCgroup(r.cfg.CgroupParent, spec.ID),
+	})
+	if err := writeJSON(filepath.Join(b, "config.json"), cfg); err != nil {
+		return nil, err
+	}
+	info := runtime.Info{
+		ID: spec.ID, State: runtime.StateCreating, Runtime: r.name,
+		Rootfs: spec.Rootfs, Workspace: spec.Workspace, Resources: res,
+		Labels: spec.Labels, CreatedAt: time.Now().UTC(),
+	}
+	if err := writeJSON(filepath.Join(b, "sandbox.json"), record{info}); err != nil {
+		return nil, err
+	}
+
+	// The executor's own stdout and stderr go to a log file in the bundle:
+	// they carry its logs, never user output (that goes over the socket).
+	logf, err := os.OpenFile(filepath.Join(b, "executor.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	if out, err := r.run(ctx, logf, "run", "--detach", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), spec.ID); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %s run: %v: %s%s: %w", spec.ID, r.name, err, out, r.logTail(spec.ID), errdefs.ErrUnavailable)
+	}
+	if err := r.waitExecutor(ctx, spec.ID); err != nil {
+		return nil, err
+	}
+	info.State = runtime.StateRunning
+	info.Pid = readPid(b)
+	return &info, nil
+}
+
+// waitExecutor waits until the executor accepts connections on its socket.
+// Polling is cheap here (the socket appears within milliseconds) and needs
+// nothing from inside the sandbox.
+func (r *Runtime) waitExecutor(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
+	defer cancel()
+	sock := filepath.Join(r.bundle(id), "ctl", "executor.sock")
+	delay := 500 * time.Microsecond
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: executor did not start: %v%s: %w", id, err, r.logTail(id), errdefs.ErrUnavailable)
+		case <-time.After(delay):
+		}
+		if delay < 20*time.Millisecond {
+			delay *= 2
+		}
+		// A container whose init died will never answer.
+		if st, err := r.state(ctx, id); err == nil && st.Status == "stopped" {
+			return fmt.Errorf("sandbox %s: executor exited during start%s: %w", id, r.logTail(id), errdefs.ErrUnavailable)
+		}
+	}
+}
+
+// logTail is the end of the executor's log, for error messages.
+func (r *Runtime) logTail(id string) string {
+	b, err := os.ReadFile(filepath.Join(r.bundle(id), "executor.log"))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	if len(b) > 2048 {
+		b = b[len(b)-2048:]
+	}
+	return "; executor log: " + strings.TrimSpace(string(b))
+}
+
+// Dial connects to the sandbox's executor.
+func (r *Runtime) Dial(ctx context.Context, id string) (net.Conn, error) {
+	if !validID.MatchString(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", filepath.Join(r.bundle(id), "ctl", "executor.sock"))
+	if err != nil {
+		if _, serr := os.Stat(r.bundle(id)); errors.Is(serr, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("sandbox %s: executor: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	return c, nil
+}
+
+// Pause freezes the sandbox (cgroup freezer).
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	return r.transition(ctx, id, "pause", "running")
+}
+
+// Resume thaws a paused sandbox.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	return r.transition(ctx, id, "resume", "paused")
+}
+
+func (r *Runtime) transition(ctx context.Context, id, verb, from string) error {
+	st, err := r.state(ctx, id)
+	if err != nil {
+		return err
+	}
+	if st.Status != from {
+		return &runtime.StateError{ID: id, Op: verb, State: runtime.State(st.Status)}
+	}
+	if out, err := r.run(ctx, nil, verb, id); err != nil {
+		return fmt.Errorf("sandbox %s: %s %s: %v: %s: %w", id, r.name, verb, err, out, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// Stop kills every process of the sandbox and waits until it has stopped.
+func (r *Runtime) Stop(ctx context.Context, id string) error {
+	st, err := r.state(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch st.Status {
+	case "stopped":
+		return nil
+	case "paused":
+		// A frozen process cannot die; thaw it so SIGKILL is delivered.
+		if out, err := r.run(ctx, nil, "resume", id); err != nil {
+			return fmt.Errorf("sandbox %s: resume to stop: %v: %s", id, err, out)
+		}
+	}
+	if out, err := r.run(ctx, nil, "kill", "--all", id, "KILL"); err != nil {
+		if st, serr := r.state(ctx, id); serr == nil && st.Status == "stopped" {
+			return nil
+		}
+		return fmt.Errorf("sandbox %s: %s kill: %v: %s", id, r.name, err, out)
+	}
+	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
+		st, err := r.state(ctx, id)
+		if err != nil || st.Status == "stopped" {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// Destroy kills the sandbox and removes its runtime state, cgroups and
+// bundle. The workspace is the caller's and is left alone.
+func (r *Runtime) Destroy(ctx context.Context, id string) error {
+	if !validID.MatchString(id) {
+		return nil // nothing by that name can exist
+	}
+	if out, err := r.run(ctx, nil, "delete", "--force", id); err != nil && !notExist(out) {
+		return fmt.Errorf("sandbox %s: %s delete: %v: %s", id, r.name, err, out)
+	}
+	if err := removeCgroups(r.cfg.CgroupParent, id); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(r.bundle(id)); err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Inspect reports one sandbox.
+func (r *Runtime) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
+	if !validID.MatchString(id) {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	var rec record
+	if err := readJSON(filepath.Join(r.bundle(id), "sandbox.json"), &rec); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	info := rec.Info
+	st, err := r.state(ctx, id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		// The bundle is here but the runtime forgot the container (a
+		// crash between the two, or a reboot): it is not running.
+		info.State = runtime.StateStopped
+	case err != nil:
+		return nil, err
+	default:
+		info.State = ociState(st.Status)
+		info.Pid = st.Pid
+	}
+	return &info, nil
+}
+
+// List reports every sandbox that has a bundle.
+func (r *Runtime) List(ctx context.Context) ([]runtime.Info, error) {
+	ents, err := os.ReadDir(filepath.Join(r.cfg.StateDir, "sandboxes"))
+	if err != nil {
+		return nil, err
+	}
+	var out []runtime.Info
+	for _, e := range ents {
+		info, err := r.Inspect(ctx, e.Name())
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // gone since ReadDir, or a half-made bundle
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *info)
+	}
+	return out, nil
+}
+
+// Stats reads the sandbox's cgroups.
+func (r *Runtime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
+	if _, err := r.Inspect(ctx, id); err != nil {
+		return nil, err
+	}
+	return readCgroupStats(r.cfg.CgroupParent, id)
+}
+
+// ociState is the runtime's word for a container's state in ours.
+func ociState(s string) runtime.State {
+	switch s {
+	case "running":
+		return runtime.StateRunning
+	case "paused", "pausing":
+		return runtime.StatePaused
+	case "created", "creating":
+		return runtime.StateCreating
+	default:
+		return runtime.StateStopped
+	}
+}
+
+type ociStateJSON struct {
+	Status string `json:"status"`
+	Pid    int    `json:"pid"`
+}
+
+func (r *Runtime) state(ctx context.Context, id string) (*ociStateJSON, error) {
+	out, err := r.run(ctx, nil, "state", id)
+	if err != nil {
+		if notExist(out) {
+			return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		}
+		return nil, fmt.Errorf("sandbox %s: %s state: %v: %s", id, r.name, err, out)
+	}
+	var st ociStateJSON
+	if err := json.Unmarshal(out, &st); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %s state: %w", id, r.name, err)
+	}
+	return &st, nil
+}
+
+// notExist recognises the runtime binaries' "no such container" answers;
+// they exit 1 for that as for every other failure.
+func notExist(out []byte) bool {
+	s := string(out)
+	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "no such")
+}
+
+// run runs the runtime binary and returns its combined output (stdout only
+// when stdio is given, which then receives the container's stdio).
+func (r *Runtime) run(ctx context.Context, stdio *os.File, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.binary, append(append([]string(nil), r.global...), args...)...)
+	var out bytes.Buffer
+	if stdio != nil {
+		// runc run --detach hands these to the container; a pipe here
+		// would keep us waiting for the container to close it.
+		cmd.Stdin = nil
+		cmd.Stdout = stdio
+		cmd.Stderr = stdio
+	} else {
+		cmd.Stdout = &out
+		cmd.Stderr = &out
+	}
+	err := cmd.Run()
+	if stdio != nil && err != nil {
+		// The runtime's complaint went to the log file with the rest.
+		return nil, err
+	}
+	return bytes.TrimSpace(out.Bytes()), err
+}
+
+func readPid(bundle string) int {
+	b, err := os.ReadFile(filepath.Join(bundle, "pid"))
+	if err != nil {
+		return 0
+	}
+	var pid int
+	fmt.Sscan(string(b), &pid)
+	return pid
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+func readJSON(path string, v any) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(b, v)
+}

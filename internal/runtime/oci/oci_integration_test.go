@@ -1,0 +1,62 @@
+//go:build integration
+
+package oci_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
+)
+
+func TestRunc(t *testing.T)  { conformance(t, "runc") }
+func TestRunsc(t *testing.T) { conformance(t, "runsc") }
+
+func conformance(t *testing.T, name string) {
+	testenv.RequiresRoot(t)
+	if _, err := exec.LookPath(name); err != nil {
+		t.Skipf("%s is not installed", name)
+	}
+	env := testenv.New(t)
+	stateDir := filepath.Join(env.StateRoot, name)
+	open := func(t *testing.T) runtime.Runtime {
+		rt, err := oci.New(oci.Config{Runtime: name, StateDir: stateDir, ExecutorPath: env.Executor, CgroupParent: "sbx-test"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rt
+	}
+	runtimetest.Run(t, runtimetest.Harness{
+		Runtime:       open(t),
+		Reopen:        open,
+		Rootfs:        env.Rootfs(t, "python"),
+		WorkspaceRoot: env.WorkspaceRoot,
+		CgroupDirs: func(id string) []string {
+			var dirs []string
+			for _, c := range []string{"memory", "pids", "cpu", "cpuacct", "freezer", "devices", "blkio", "cpuset", "unified", "systemd"} {
+				dirs = append(dirs, filepath.Join("/sys/fs/cgroup", c, "sbx-test", id))
+			}
+			return dirs
+		},
+		BundleDir: func(id string) string { return filepath.Join(stateDir, "sandboxes", id) },
+	})
+}
+
+func TestCrunHybrid(t *testing.T) {
+	testenv.RequiresRoot(t)
+	if _, err := exec.LookPath("crun"); err != nil {
+		t.Skip("crun is not installed")
+	}
+	_, err := oci.New(oci.Config{Runtime: "crun", StateDir: t.TempDir(), ExecutorPath: "/bin/true"})
+	if _, statErr := os.Stat("/sys/fs/cgroup/unified/cgroup.controllers"); statErr == nil && err == nil {
+		b, _ := os.ReadFile("/sys/fs/cgroup/unified/cgroup.controllers")
+		if len(b) > 1 {
+			t.Errorf("crun on a hybrid host with cgroup2 controllers (%s) was accepted", b)
+		}
+	}
+}

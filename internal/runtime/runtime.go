@@ -1,0 +1,155 @@
+// Package runtime defines the contract between sbx and the things that run
+// sandboxes. A Runtime owns a sandbox's lifecycle (create, pause, resume,
+// stop, destroy), reports on it (inspect, stats, list) and gives the layers
+// above a connection to the executor that runs inside every sandbox. What is
+// said over that connection is the executor's business (internal/executor);
+// the runtime only carries it.
+package runtime
+
+import (
+	"context"
+	"net"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Runtime runs sandboxes. Implementations: oci (runc, runsc, crun).
+// Every implementation passes runtimetest.Run.
+type Runtime interface {
+	// Create starts a sandbox from spec and returns once its executor
+	// answers. A failed Create leaves nothing behind.
+	Create(ctx context.Context, spec Spec) (*Info, error)
+	// Dial connects to the sandbox's executor.
+	Dial(ctx context.Context, id string) (net.Conn, error)
+	// Pause freezes every process of the sandbox; Resume thaws them.
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+	// Stop kills the sandbox's processes but keeps its record, so that
+	// Inspect still answers (State Stopped) until Destroy.
+	Stop(ctx context.Context, id string) error
+	// Destroy kills the sandbox and removes everything it had on the host
+	// (cgroups, mounts, bundle, runtime state). It is idempotent: destroying
+	// an unknown sandbox is not an error.
+	Destroy(ctx context.Context, id string) error
+	// Inspect reports one sandbox; ErrNotFound if it does not exist.
+	Inspect(ctx context.Context, id string) (*Info, error)
+	// Stats reads the sandbox's resource usage from its cgroups.
+	Stats(ctx context.Context, id string) (*Stats, error)
+	// List reports every sandbox this runtime knows about, including those
+	// a previous server process left behind, so that the caller can reattach
+	// to them or destroy them.
+	List(ctx context.Context) ([]Info, error)
+}
+
+// State is where a sandbox is in its life.
+type State string
+
+const (
+	StateCreating State = "creating"
+	StateRunning  State = "running"
+	StatePaused   State = "paused"
+	StateStopped  State = "stopped"
+)
+
+// Spec says what to run. The rootfs is a built template's; the workspace is
+// the caller's directory, which outlives the sandbox.
+type Spec struct {
+	// ID names the sandbox: [a-zA-Z0-9_-], at most 64 characters.
+	ID string
+	// Rootfs is the template's root filesystem, mounted read-only.
+	Rootfs string
+	// Workspace is a host directory mounted read-write at /workspace. The
+	// runtime makes it owned by the sandbox user.
+	Workspace string
+	// Env is added to every execution's environment.
+	Env map[string]string
+	// Preload lists Python modules the executor imports once, before the
+	// first execution, so executions do not pay for them.
+	Preload []string
+	// Resources are the sandbox's limits; zero fields take defaults.
+	Resources Resources
+	// Network, when true, gives the sandbox more than loopback. Only false
+	// is supported today.
+	Network bool
+	// Labels are kept with the sandbox and returned by Inspect and List, so
+	// that a restarted server can tell which session a sandbox served.
+	Labels map[string]string
+}
+
+// Resources are a sandbox's limits.
+type Resources struct {
+	// CPU is the number of cores the sandbox may use (0.5 = half a core).
+	CPU float64 `json:"cpu,omitempty"`
+	// MemoryMB caps memory and swap together, in MiB.
+	MemoryMB int64 `json:"memory_mb,omitempty"`
+	// PIDs caps the number of processes and threads.
+	PIDs int64 `json:"pids,omitempty"`
+	// TmpMB caps the size of /tmp (a tmpfs, counted in memory), in MiB.
+	TmpMB int64 `json:"tmp_mb,omitempty"`
+	// DiskMB caps the workspace, in MiB. Enforcement is the workspace
+	// layer's; the runtime only carries the number.
+	DiskMB int64 `json:"disk_mb,omitempty"`
+}
+
+// DefaultResources are used for every zero field of Resources.
+var DefaultResources = Resources{CPU: 1, MemoryMB: 512, PIDs: 256, TmpMB: 64, DiskMB: 1024}
+
+// WithDefaults returns r with every zero field taken from DefaultResources.
+func (r Resources) WithDefaults() Resources {
+	d := DefaultResources
+	if r.CPU > 0 {
+		d.CPU = r.CPU
+	}
+	if r.MemoryMB > 0 {
+		d.MemoryMB = r.MemoryMB
+	}
+	if r.PIDs > 0 {
+		d.PIDs = r.PIDs
+	}
+	if r.TmpMB > 0 {
+		d.TmpMB = r.TmpMB
+	}
+	if r.DiskMB > 0 {
+		d.DiskMB = r.DiskMB
+	}
+	return d
+}
+
+// Info describes one sandbox.
+type Info struct {
+	ID        string            `json:"id"`
+	State     State             `json:"state"`
+	Runtime   string            `json:"runtime"`
+	Pid       int               `json:"pid,omitempty"`
+	Rootfs    string            `json:"rootfs"`
+	Workspace string            `json:"workspace"`
+	Resources Resources         `json:"resources"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	CreatedAt time.Time         `json:"created_at"`
+}
+
+// Stats is a sandbox's resource usage.
+type Stats struct {
+	MemoryBytes     uint64 `json:"memory_bytes"`
+	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
+	CPUNanos        uint64 `json:"cpu_nanos"`
+	PIDs            uint64 `json:"pids"`
+	OOMKills        uint64 `json:"oom_kills"`
+}
+
+// StateError is an operation asked of a sandbox in a state that does not
+// allow it, such as resuming a running sandbox. It is an
+// errdefs.ErrFailedPrecondition.
+type StateError struct {
+	ID    string
+	Op    string
+	State State
+}
+
+func (e *StateError) Error() string {
+	return "sandbox " + e.ID + ": cannot " + e.Op + " a " + string(e.State) + " sandbox"
+}
+
+// Is makes errors.Is(err, errdefs.ErrFailedPrecondition) true.
+func (e *StateError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }

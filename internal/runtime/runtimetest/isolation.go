@@ -1,0 +1,269 @@
+package runtimetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+)
+
+// testIsolation is R-74: hostile code stays in its sandbox, and the server
+// and other sandboxes do not notice it.
+func testIsolation(t *testing.T, h *Harness) {
+	// One long-lived sandbox serves the checks that do not damage it, and
+	// doubles as the bystander that must stay healthy while others burn.
+	s := h.NewSandbox(t, runtime.Resources{MemoryMB: 256, PIDs: 128, TmpMB: 16})
+
+	t.Run("Identity", func(t *testing.T) {
+		out := returnString(t, s.MustRun(t, "python", `
+import os
+st = {}
+for line in open('/proc/self/status'):
+    k, _, v = line.partition(':')
+    st[k] = v.strip()
+return ' '.join([str(os.getuid()), str(os.getgid()), str(os.getgroups()),
+    st['CapEff'], st['CapPrm'], st['CapInh'], st['CapBnd'], st['CapAmb'],
+    st['NoNewPrivs'], st['Seccomp']])`))
+		want := "1000 1000 [] 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 1 2"
+		if out != want {
+			t.Errorf("uid gid groups CapEff CapPrm CapInh CapBnd CapAmb NoNewPrivs Seccomp:\n got %s\nwant %s", out, want)
+		}
+	})
+
+	t.Run("HostUID", func(t *testing.T) {
+		// Seen from the host, code in the sandbox is an unprivileged uid.
+		marker := fmt.Sprintf("sbx-uid-marker-%d", time.Now().UnixNano())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.Client.Run(ctx, executor.RunRequest{ID: marker, Language: "bash", Code: "exec -a " + marker + " sleep 30", TimeoutMs: 30000}, nil)
+		}()
+		defer func() { cancel(); <-done }()
+		var uid string
+		for i := 0; i < 500 && uid == ""; i++ {
+			uid = hostUIDOf(marker)
+			time.Sleep(10 * time.Millisecond)
+		}
+		if uid == "" {
+			t.Fatal("the sandbox process was not found on the host")
+		}
+		if n, _ := strconv.Atoi(uid); n < 1000 {
+			t.Errorf("sandbox code runs as host uid %s", uid)
+		}
+	})
+
+	t.Run("ProcRoot", func(t *testing.T) {
+		// A file only the host has must not be reachable through
+		// /proc/1/root or any other path.
+		secret := filepath.Join(os.TempDir(), fmt.Sprintf("sbx-host-secret-%d", time.Now().UnixNano()))
+		if err := os.WriteFile(secret, []byte("host"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		defer os.Remove(secret)
+		out := returnString(t, s.MustRun(t, "python", fmt.Sprintf(`
+res = []
+for p in ['/proc/1/root%[1]s', '%[1]s', '/proc/self/root%[1]s', '/proc/1/cwd/../../..%[1]s']:
+    try:
+        open(p).read(); res.append('READ ' + p)
+    except OSError as e:
+        res.append(type(e).__name__)
+return ' '.join(res)`, secret)))
+		if strings.Contains(out, "READ") {
+			t.Errorf("host file reachable: %s", out)
+		}
+	})
+
+	t.Run("HostNetwork", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte("host service"))
+				c.Close()
+			}
+		}()
+		port := ln.Addr().(*net.TCPAddr).Port
+		out := returnString(t, s.MustRun(t, "python", fmt.Sprintf(`
+import socket, os
+res = []
+try:
+    c = socket.create_connection(('127.0.0.1', %d), timeout=2); res.append('CONNECTED ' + c.recv(100).decode())
+except OSError as e:
+    res.append('refused')
+res.append(','.join(sorted(os.listdir('/sys/class/net'))))
+try:
+    socket.create_connection(('10.0.2.2', 80), timeout=1); res.append('EGRESS')
+except OSError:
+    res.append('no-egress')
+return ' '.join(res)`, port)))
+		if out != "refused lo no-egress" {
+			t.Errorf("network: %s (want: refused lo no-egress)", out)
+		}
+	})
+
+	t.Run("OtherWorkspace", func(t *testing.T) {
+		other := h.NewSandbox(t, runtime.Resources{})
+		other.MustRun(t, "python", "open('/workspace/other-secret.txt','w').write('mine')")
+		out := returnString(t, s.MustRun(t, "python", fmt.Sprintf(`
+import os, glob
+hits = glob.glob('/workspace/other-secret.txt') + glob.glob('/proc/*/root/workspace/other-secret.txt')
+for p in ['%s/other-secret.txt']:
+    if os.path.exists(p): hits.append(p)
+return ' '.join(hits) or 'none'`, other.Workspace)))
+		if out != "none" {
+			t.Errorf("another sandbox's file is visible: %s", out)
+		}
+	})
+
+	t.Run("Syscalls", func(t *testing.T) {
+		out := returnString(t, s.MustRun(t, "python", `
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+res = []
+def check(name, rc):
+    res.append(name + ('=ok' if rc == 0 else '=' + os.strerror(ctypes.get_errno())))
+check('mount', libc.mount(b'tmpfs', b'/tmp', b'tmpfs', 0, None))
+check('unshare-user', libc.unshare(0x10000000))
+check('unshare-ns', libc.unshare(0x00020000))
+check('ptrace', libc.ptrace(16, 1, None, None))
+check('keyctl', libc.syscall(250, 0, 0, 0, 0))
+check('bpf', libc.syscall(321, 0, 0, 0))
+check('chroot', libc.chroot(b'/tmp'))
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); res.append('raw=ok')
+except OSError as e:
+    res.append('raw=' + os.strerror(e.errno))
+try:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW); res.append('packet=ok')
+except OSError as e:
+    res.append('packet=' + os.strerror(e.errno))
+return ' '.join(res)`))
+		for _, f := range strings.Fields(out) {
+			if strings.HasSuffix(f, "=ok") {
+				t.Errorf("allowed: %s (all: %s)", f, out)
+			}
+		}
+		res := s.Run(t, "bash", "unshare -U -r true", 10*time.Second)
+		if res.Status == executor.StatusCompleted {
+			t.Errorf("unshare -U succeeded")
+		}
+	})
+
+	t.Run("ReadOnlyRoot", func(t *testing.T) {
+		out := returnString(t, s.MustRun(t, "python", `
+res = []
+for p in ['/usr/bin/evil', '/etc/evil', '/evil', '/opt/sbx/evil', '/opt/sbx/sbx-executor']:
+    try:
+        open(p, 'a').write('x'); res.append('WROTE ' + p)
+    except OSError as e:
+        res.append(type(e).__name__)
+import os
+try:
+    os.listdir('/run/sbx'); res.append('CONTROL-DIR-OPEN')
+except OSError:
+    pass
+return ' '.join(res)`))
+		if strings.Contains(out, "WROTE") || strings.Contains(out, "CONTROL") {
+			t.Errorf("write to rootfs or control dir: %s", out)
+		}
+	})
+
+	t.Run("TmpFiller", func(t *testing.T) {
+		res := s.Run(t, "bash", "dd if=/dev/zero of=/tmp/fill bs=1M count=64; df -m /tmp | tail -1", 30*time.Second)
+		if !strings.Contains(res.Stderr, "No space left") {
+			t.Errorf("filling /tmp did not hit its cap: %q %q", res.Stdout, res.Stderr)
+		}
+		s.MustRun(t, "bash", "rm -f /tmp/fill")
+	})
+
+	t.Run("LeftBehind", func(t *testing.T) {
+		s.MustRun(t, "bash", "setsid nohup sleep 1001 >/dev/null 2>&1 < /dev/null & disown; echo started")
+		s.MustRun(t, "python", `
+import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp('sleep', ['sleep', '1002'])
+    os._exit(0)`)
+		out := returnString(t, s.MustRun(t, "python", `
+import os
+left = []
+for p in os.listdir('/proc'):
+    if p.isdigit():
+        try:
+            c = open('/proc/%s/cmdline' % p).read()
+        except OSError:
+            continue
+        if 'sleep\x00100' in c: left.append(c)
+return repr(left)`))
+		if out != "[]" {
+			t.Errorf("processes outlived their execution: %s", out)
+		}
+	})
+
+	t.Run("ForkBomb", func(t *testing.T) {
+		b := h.NewSandbox(t, runtime.Resources{PIDs: 64})
+		res := b.Run(t, "bash", `bomb() { bomb | bomb & }; bomb; sleep 3`, 5*time.Second)
+		if res.Status == executor.StatusCompleted && res.ExitCode == 0 {
+			t.Logf("fork bomb ended as %s", res.Status)
+		}
+		// Contained: the sandbox recovers and the bystander never noticed.
+		b.MustRun(t, "python", "print(1)")
+		s.MustRun(t, "python", "print(1)")
+		st, err := h.Runtime.Stats(context.Background(), b.ID)
+		if err != nil || st.PIDs > 16 {
+			t.Errorf("after the fork bomb: %+v, %v", st, err)
+		}
+	})
+
+	t.Run("MemoryBomb", func(t *testing.T) {
+		b := h.NewSandbox(t, runtime.Resources{MemoryMB: 128})
+		res := b.Run(t, "python", "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\nprint('survived')", 30*time.Second)
+		if res.Status == executor.StatusCompleted {
+			t.Fatalf("a 1 GiB allocation in a 128 MiB sandbox completed: %+v", res)
+		}
+		if res.Error == nil || res.Error.Type != "OutOfMemory" && res.Error.Type != "MemoryError" {
+			t.Errorf("memory bomb: status %s error %+v", res.Status, res.Error)
+		}
+		b.MustRun(t, "python", "print('still here')")
+		s.MustRun(t, "python", "print('bystander fine')")
+	})
+}
+
+// hostUIDOf finds a process on the host whose command line starts with
+// marker and returns its real uid.
+func hostUIDOf(marker string) string {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		cmd, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !strings.HasPrefix(string(cmd), marker) {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(status), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				return f[1]
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,173 @@
+package seccomp
+
+import (
+	"encoding/binary"
+	"fmt"
+	"slices"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Offsets into struct seccomp_data, which the filter reads:
+//
+//	struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; };
+const (
+	offNr        = 0
+	offArch      = 4
+	offArg0Low32 = 16 // args[0] starts at 16; its low half comes first on little-endian amd64
+)
+
+// x32SyscallBit marks a system call made through the x32 ABI. x32 calls
+// arrive with arch AUDIT_ARCH_X86_64, so the arch check alone lets them in.
+const x32SyscallBit = 0x40000000
+
+// cloneNamespaceFlags are the clone(2) flags that create a namespace. User
+// code must not create namespaces: a new user namespace gives it every
+// capability inside, and with that the kernel's whole namespaced attack
+// surface. The kernel only reads the low 32 bits of clone's flags, so
+// checking them is enough. CLONE_NEWTIME (0x80) cannot really be passed to
+// clone, where that byte is the exit signal, but no valid signal has that bit
+// set either, so refusing it costs nothing.
+const cloneNamespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWCGROUP | unix.CLONE_NEWUTS |
+	unix.CLONE_NEWIPC | unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+	unix.CLONE_NEWTIME
+
+const (
+	retAllow       = unix.SECCOMP_RET_ALLOW
+	retKillProcess = unix.SECCOMP_RET_KILL_PROCESS
+	retEPERM       = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+	// clone3 passes its flags in memory that BPF cannot read. ENOSYS, unlike
+	// EPERM, makes glibc (2.34+) fall back to clone, whose flags we check.
+	retENOSYS = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+)
+
+// InnerFilter returns the seccomp program that user processes install on
+// top of the outer profile, as an array of struct sock_filter in native byte
+// order, ready for prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &sock_fprog)
+// or Install. It
+//
+//   - kills the process for any architecture but x86_64 (i386 via int 0x80);
+//   - refuses x32 system calls with EPERM (under the outer profile, which
+//     knows no x32, they kill the thread first);
+//   - refuses every executor_only system call (mount, unshare, setns, ...)
+//     with EPERM;
+//   - refuses clone with a namespace flag with EPERM;
+//   - answers clone3 with ENOSYS, so that libc falls back to clone;
+//   - allows everything else, which the outer profile still filters.
+//
+// It fails only if profile.json names an executor_only call that has no
+// amd64 number, which the tests catch.
+func InnerFilter() ([]byte, error) {
+	nrs, err := syscallNumbers(loaded.ExecutorOnly)
+	if err != nil {
+		return nil, err
+	}
+
+	var a assembler
+	a.load(offArch)
+	a.jumpIf(unix.BPF_JEQ, unix.AUDIT_ARCH_X86_64, "", "kill")
+	a.load(offNr)
+	a.jumpIf(unix.BPF_JSET, x32SyscallBit, "eperm", "")
+	for _, nr := range nrs {
+		a.jumpIf(unix.BPF_JEQ, nr, "eperm", "")
+	}
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE3, "enosys", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE, "", "allow")
+	a.load(offArg0Low32)
+	a.jumpIf(unix.BPF_JSET, cloneNamespaceFlags, "eperm", "allow")
+	a.label("allow")
+	a.ret(retAllow)
+	a.label("eperm")
+	a.ret(retEPERM)
+	a.label("enosys")
+	a.ret(retENOSYS)
+	a.label("kill")
+	a.ret(retKillProcess)
+	return a.assemble()
+}
+
+// syscallNumbers maps names to sorted, unique amd64 numbers.
+func syscallNumbers(names []string) ([]uint32, error) {
+	nrs := make([]uint32, 0, len(names))
+	for _, name := range names {
+		nr, ok := amd64Syscalls[name]
+		if !ok {
+			return nil, fmt.Errorf("seccomp: %q is not an amd64 system call: %w", name, errdefs.ErrInvalidArgument)
+		}
+		nrs = append(nrs, nr)
+	}
+	slices.Sort(nrs)
+	return slices.Compact(nrs), nil
+}
+
+// assembler builds a classic BPF program with named jump targets, so that
+// nobody counts instructions by hand. Jumps go forward only, as BPF requires;
+// an empty target means the next instruction.
+type assembler struct {
+	insns  []unix.SockFilter
+	labels map[string]int
+	jumps  []pendingJump
+}
+
+type pendingJump struct {
+	pc     int
+	jt, jf string
+}
+
+func (a *assembler) load(off uint32) {
+	a.insns = append(a.insns, unix.SockFilter{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: off})
+}
+
+func (a *assembler) jumpIf(op uint16, k uint32, jt, jf string) {
+	a.jumps = append(a.jumps, pendingJump{pc: len(a.insns), jt: jt, jf: jf})
+	a.insns = append(a.insns, unix.SockFilter{Code: unix.BPF_JMP | op | unix.BPF_K, K: k})
+}
+
+func (a *assembler) ret(k uint32) {
+	a.insns = append(a.insns, unix.SockFilter{Code: unix.BPF_RET | unix.BPF_K, K: k})
+}
+
+func (a *assembler) label(name string) {
+	if a.labels == nil {
+		a.labels = map[string]int{}
+	}
+	a.labels[name] = len(a.insns)
+}
+
+func (a *assembler) assemble() ([]byte, error) {
+	if len(a.insns) > unix.BPF_MAXINSNS {
+		return nil, fmt.Errorf("seccomp: program has %d instructions, the kernel takes at most %d", len(a.insns), unix.BPF_MAXINSNS)
+	}
+	offset := func(pc int, target string) (uint8, error) {
+		if target == "" {
+			return 0, nil
+		}
+		to, ok := a.labels[target]
+		if !ok {
+			return 0, fmt.Errorf("seccomp: jump to undefined label %q", target)
+		}
+		skip := to - pc - 1
+		if skip < 0 || skip > 255 {
+			return 0, fmt.Errorf("seccomp: jump from %d to %q (%d) out of range", pc, target, to)
+		}
+		return uint8(skip), nil
+	}
+	for _, j := range a.jumps {
+		var err error
+		if a.insns[j.pc].Jt, err = offset(j.pc, j.jt); err != nil {
+			return nil, err
+		}
+		if a.insns[j.pc].Jf, err = offset(j.pc, j.jf); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]byte, 0, len(a.insns)*sizeofSockFilter)
+	for _, in := range a.insns {
+		out = binary.NativeEndian.AppendUint16(out, in.Code)
+		out = append(out, in.Jt, in.Jf)
+		out = binary.NativeEndian.AppendUint32(out, in.K)
+	}
+	return out, nil
+}
