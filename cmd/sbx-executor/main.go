@@ -18,7 +18,13 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
 )
 
+// version is set by the build (-ldflags "-X main.version=...").
+var version string
+
 func main() {
+	if version != "" {
+		executor.Version = version
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-executor:", err)
 		os.Exit(1)

@@ -110,7 +110,7 @@ type Result struct {
 	ID     string `json:"id"`
 	Status Status `json:"status"`
 	// ExitCode is the process's exit code, or 128+signal if a signal
-	// killed it.
+	// killed it; -1 if the run never started or its end was not seen.
 	ExitCode int `json:"exit_code"`
 	// Stdout and Stderr are the captured text, cut at the output limit and
 	// then ended with a "[sbx: output truncated, N bytes omitted]" line.
@@ -141,6 +141,7 @@ type ExecError struct {
 	Traceback string `json:"traceback,omitempty"`
 }
 
+// Error makes an ExecError usable as an error: "Type: message".
 func (e *ExecError) Error() string { return e.Type + ": " + e.Message }
 
 // Health is the body of GET /health.

@@ -21,6 +21,14 @@ func BenchmarkRunPythonPaced(b *testing.B) {
 	benchRun(b, py("print(1)"), 50*time.Millisecond)
 }
 
+// BenchmarkRunPythonContext runs print(1) in a stateful context: no fork,
+// the context process runs it in place.
+func BenchmarkRunPythonContext(b *testing.B) {
+	req := py("print(1)")
+	req.ContextID = "bench"
+	benchRun(b, req, 0)
+}
+
 // BenchmarkRunBash is the same for echo 1.
 func BenchmarkRunBash(b *testing.B) {
 	benchRun(b, sh("echo 1"), 0)

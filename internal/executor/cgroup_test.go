@@ -27,7 +27,7 @@ func TestCgroupV1(t *testing.T) {
 		"memory/sbx/s1/memory.usage_in_bytes":     "1000\n",
 		"memory/sbx/s1/memory.max_usage_in_bytes": "2000\n",
 		"memory/sbx/s1/memory.limit_in_bytes":     "268435456\n",
-		"memory/sbx/s1/memory.oom_control":         "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
+		"memory/sbx/s1/memory.oom_control":        "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
 		// ... or at the top (as inside a container).
 		"cpuacct/cpuacct.usage": "123456789\n",
 		"pids/pids.current":     "7\n",

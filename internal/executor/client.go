@@ -53,6 +53,7 @@ type APIError struct {
 	Message string
 }
 
+// Error says what the executor answered.
 func (e *APIError) Error() string {
 	return fmt.Sprintf("executor: %s (%d %s)", e.Message, e.Status, e.Code)
 }

@@ -45,6 +45,7 @@ func (pc *pyContext) run(e *execution) outcome {
 		return outcome{cause: context.Cause(e.ctx)}
 	}
 	defer func() { <-pc.sem }()
+	e.begin()
 	pc.mu.Lock()
 	if pc.deleted {
 		pc.mu.Unlock()
@@ -60,6 +61,9 @@ func (pc *pyContext) run(e *execution) outcome {
 	}()
 
 	if proc == nil || isClosed(proc.exited) {
+		if proc != nil {
+			pc.kill(proc) // forget the dead one, and close its channel
+		}
 		var err error
 		if proc, ctl, err = pc.start(e.ctx); err != nil {
 			return startFailure(e.ctx, err)

@@ -1,12 +1,15 @@
 package executor
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -231,7 +234,7 @@ func TestArtifacts(t *testing.T) {
 		os.WriteFile(filepath.Join(dir, f), []byte("old"), 0o644)
 	}
 	os.WriteFile(filepath.Join(dir, "replaced.txt"), []byte("old"), 0o644)
-	if err := exec1000(dir); err != nil {
+	if err := chownSandboxUser(dir); err != nil {
 		t.Fatal(err)
 	}
 	os.Symlink("/etc", filepath.Join(dir, "etc-link"))
@@ -262,8 +265,8 @@ os.mkdir('emptydir')`, dir)
 	}
 }
 
-// exec1000 gives the tree to the sandbox user.
-func exec1000(dir string) error {
+// chownSandboxUser gives the tree to the sandbox user.
+func chownSandboxUser(dir string) error {
 	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
 		if err != nil {
 			return err
@@ -498,4 +501,76 @@ func TestZygoteCrash(t *testing.T) {
 		t.Errorf("after restart: %s %+v", res.Status, res.Error)
 	}
 	waitFor(t, "the killed run's processes to go", func() bool { return len(processesWith(m)) == 0 })
+}
+
+// TestSlowClient: a client that stops reading does not stop the process:
+// the executor keeps draining its pipes, and the client later gets
+// everything up to the cap.
+func TestSlowClient(t *testing.T) {
+	env := sharedEnv(t)
+	conn, err := net.Dial("unix", env.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	id := "slow-" + marker(t)
+	body := `{"id":"` + id + `","language":"python","code":"import sys\nfor i in range(200000):\n    sys.stdout.write('%099d\\n' % i)\nreturn 'finished'","output_limit_bytes":4194304}`
+	fmt.Fprintf(conn, "POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Not reading: 20 MB are written while the socket's buffers hold far
+	// less. The run still finishes.
+	waitFor(t, "the run to finish while its client is not reading", func() bool {
+		for _, line := range strings.Split(env.logs.String(), "\n") {
+			if strings.Contains(line, `"msg":"execution finished","id":"`+id+`"`) {
+				return strings.Contains(line, `"status":"completed"`)
+			}
+		}
+		return false
+	})
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	dec := json.NewDecoder(resp.Body)
+	var streamed int
+	for {
+		var ev Event
+		if err := dec.Decode(&ev); err != nil {
+			t.Fatalf("stream ended: %v", err)
+		}
+		if ev.Type == "result" {
+			if ev.Result.Status != StatusCompleted || string(ev.Result.ReturnValue) != `"finished"` || !ev.Result.StdoutTruncated {
+				t.Errorf("result %s %s truncated %v", ev.Result.Status, ev.Result.ReturnValue, ev.Result.StdoutTruncated)
+			}
+			if streamed != len(ev.Result.Stdout) {
+				t.Errorf("streamed %d bytes, result has %d", streamed, len(ev.Result.Stdout))
+			}
+			return
+		}
+		streamed += len(ev.Data)
+	}
+}
+
+// TestWithoutWarmWorkers covers the path where every run waits for its
+// own fork, one at a time and several at once.
+func TestWithoutWarmWorkers(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.WarmWorkers = -1
+	env := startServer(t, cfg)
+	defer env.stop()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res := env.run(t, py(fmt.Sprintf("import os\nreturn [os.getpid(), %d]", i)))
+			if string(res.ReturnValue) != fmt.Sprintf("[1,%d]", i) {
+				t.Errorf("run %d: %s %+v", i, res.ReturnValue, res.Error)
+			}
+		}()
+	}
+	wg.Wait()
+	if res := env.run(t, sh("echo $$")); res.Stdout != "1\n" {
+		t.Errorf("bash: %q %+v", res.Stdout, res.Error)
+	}
 }

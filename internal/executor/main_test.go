@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -25,8 +24,6 @@ import (
 // testPython is the host's Debian interpreter: /root/.pyenv may come first
 // on PATH, and the zygote needs the system one.
 const testPython = "/usr/bin/python3"
-
-var warmWorkers = 2
 
 // childEnv makes the test binary run an executor instead of the tests (see
 // TestOutOfMemory, which needs one inside a memory cgroup).
@@ -129,6 +126,7 @@ func newWorkspace(t testing.TB) string {
 
 func testConfig(t testing.TB) Config {
 	t.Helper()
+	requireRoot(t)
 	filter, err := seccomp.InnerFilter()
 	if err != nil {
 		t.Fatalf("seccomp.InnerFilter: %v", err)
@@ -142,7 +140,6 @@ func testConfig(t testing.TB) Config {
 		Workspace:     newWorkspace(t),
 		Python:        testPython,
 		SeccompFilter: filter,
-		WarmWorkers:   warmWorkers,
 		Env:           []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/tmp", "LANG=C.UTF-8", "SBX_BASE=base"},
 	}
 }
@@ -184,26 +181,17 @@ func (e *testEnv) stop() {
 var shared struct {
 	once sync.Once
 	env  *testEnv
-	err  string
 }
 
-// sharedEnv is one executor for the tests that do not hurt it.
+// sharedEnv is one executor for the tests that do not hurt it. If it fails
+// to start, the test that started it fails with the reason and the others
+// fail at once.
 func sharedEnv(t testing.TB) *testEnv {
 	t.Helper()
 	requireRoot(t)
-	shared.once.Do(func() {
-		cfg := testConfig(t)
-		st := &fatalCatcher{TB: t}
-		func() {
-			defer func() { recover() }()
-			shared.env = startServer(st, cfg)
-		}()
-		if shared.env == nil {
-			shared.err = st.msg
-		}
-	})
+	shared.once.Do(func() { shared.env = startServer(t, testConfig(t)) })
 	if shared.env == nil {
-		t.Fatalf("shared executor: %s", shared.err)
+		t.Fatal("the shared executor failed to start (see the first test that used it)")
 	}
 	return shared.env
 }
@@ -212,23 +200,6 @@ func stopShared() {
 	if shared.env != nil {
 		shared.env.stop()
 	}
-}
-
-// fatalCatcher lets the shared server's start-up fail once without taking
-// the first test's t with it.
-type fatalCatcher struct {
-	testing.TB
-	msg string
-}
-
-func (f *fatalCatcher) Fatalf(format string, args ...any) {
-	f.msg = fmt.Sprintf(format, args...)
-	panic(f.msg)
-}
-
-func (f *fatalCatcher) Fatal(args ...any) {
-	f.msg = fmt.Sprint(args...)
-	panic(f.msg)
 }
 
 // run executes req with a generous client-side deadline.
@@ -278,6 +249,3 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-
-// readAll is io.ReadAll for the tests.
-var readAll = io.ReadAll

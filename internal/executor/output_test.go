@@ -11,15 +11,15 @@ func TestSplitUTF8(t *testing.T) {
 	tests := []struct{ in, complete, tail string }{
 		{"", "", ""},
 		{"abc", "abc", ""},
-		{"h\xc3\xa9", "h\xc3\xa9", ""},       // é complete
-		{"h\xc3", "h", "\xc3"},               // é cut after its first byte
-		{"\xe2\x82", "", "\xe2\x82"},         // € cut after two of three
+		{"h\xc3\xa9", "h\xc3\xa9", ""},         // é complete
+		{"h\xc3", "h", "\xc3"},                 // é cut after its first byte
+		{"\xe2\x82", "", "\xe2\x82"},           // € cut after two of three
 		{"a\xf0\x9f\x98", "a", "\xf0\x9f\x98"}, // 😀 cut after three of four
 		{"a\xf0\x9f\x98\x80", "a\xf0\x9f\x98\x80", ""},
-		{"a\xff", "a\xff", ""},             // invalid: never completes, not held
-		{"a\x80", "a\x80", ""},             // stray continuation byte
+		{"a\xff", "a\xff", ""},               // invalid: never completes, not held
+		{"a\x80", "a\x80", ""},               // stray continuation byte
 		{"\xc3\xa9\xe2", "\xc3\xa9", "\xe2"}, // complete rune, then a new start
-		{"ab\xed\xa0", "ab\xed\xa0", ""}, // a surrogate's prefix is invalid already: not held
+		{"ab\xed\xa0", "ab\xed\xa0", ""},     // a surrogate's prefix is invalid already: not held
 	}
 	for _, tc := range tests {
 		c, tl := splitUTF8([]byte(tc.in))

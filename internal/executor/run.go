@@ -43,6 +43,19 @@ type execution struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed once res is set
 	res    *Result
+
+	// Set by begin, when the run leaves its queue and starts:
+	startedAt time.Time
+	before    workspaceSnapshot
+	oomBefore uint64
+}
+
+// begin records the state the run's outcome is compared with: the
+// workspace's files and the OOM kill count.
+func (e *execution) begin() {
+	e.startedAt = time.Now().UTC()
+	e.before = snapshotWorkspace(e.s.cfg.Workspace)
+	e.oomBefore = e.s.cg.oomKills()
 }
 
 // startExecution registers req and starts running it. The errors are the
@@ -97,19 +110,22 @@ func (e *execution) supervise() {
 	defer e.s.wg.Done()
 	defer e.cancel(nil)
 	s := e.s
-	res := &Result{ID: e.id, StartedAt: time.Now().UTC()}
-	before := snapshotWorkspace(s.cfg.Workspace)
-	oomBefore := s.cg.oomKills()
 	var o outcome
 	if e.pc != nil {
 		o = e.pc.run(e)
 	} else {
+		e.begin()
 		o = e.runStateless()
 	}
-	res.Artifacts, res.ArtifactsTruncated = artifacts(before, snapshotWorkspace(s.cfg.Workspace))
+	res := &Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
+	if e.startedAt.IsZero() { // it never left the context's queue
+		res.StartedAt = time.Now().UTC()
+	} else {
+		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, snapshotWorkspace(s.cfg.Workspace))
+	}
 	res.Stdout, res.StdoutTruncated = e.out.text(streamStdout)
 	res.Stderr, res.StderrTruncated = e.out.text(streamStderr)
-	e.judge(res, &o, oomBefore)
+	e.judge(res, &o, e.oomBefore)
 	res.FinishedAt = time.Now().UTC()
 	res.DurationMs = res.FinishedAt.Sub(res.StartedAt).Milliseconds()
 	s.log.Info("execution finished", "id", e.id, "language", e.req.Language, "context", e.req.ContextID,
@@ -284,6 +300,13 @@ func (e *execution) runStateless() outcome {
 	}
 	rd := e.startReaders(p)
 	c, err := z.spawn(e.ctx, kindRun, []int{pfd, p.w[0], p.w[1], p.w[2]})
+	// Nothing ran yet if the zygote died before it forked: try its
+	// successor rather than fail the run.
+	for try := 0; errors.Is(err, errZygoteDied) && try < 3; try++ {
+		if z, err = e.s.readyZygote(e.ctx); err == nil {
+			c, err = z.spawn(e.ctx, kindRun, []int{pfd, p.w[0], p.w[1], p.w[2]})
+		}
+	}
 	unix.Close(pfd)
 	// Only the child may hold the write ends, or EOF never comes.
 	p.closeWrite()
@@ -343,6 +366,7 @@ func (e *execution) judge(res *Result, o *outcome, oomBefore uint64) {
 		res.Status = StatusFailed
 		res.Error = &ExecError{Type: typ, Message: fmt.Sprintf(format, args...)}
 	}
+	res.ExitCode = -1 // unknown: it never started, or its exit was not seen
 	if o.exited {
 		switch {
 		case o.ws.Signaled():
@@ -396,6 +420,9 @@ func (e *execution) judge(res *Result, o *outcome, oomBefore uint64) {
 		} else {
 			res.Status = StatusCompleted
 		}
+	case !o.exited:
+		// A context run whose code closed or replaced the result pipe.
+		fail(ErrTypeExecutor, "the run ended without reporting a result")
 	case res.ExitCode == 0:
 		res.Status = StatusCompleted
 	case e.req.Language == LanguageBash:

@@ -30,7 +30,8 @@ type Config struct {
 	ControlDir string
 	// Workspace is the session's files and the default cwd. Default /workspace.
 	Workspace string
-	// UID and GID are what user code runs as. Default 1000; 0 is refused.
+	// UID and GID are what user code runs as. Zero means the default,
+	// 1000: user code never runs as root. Negative values are refused.
 	UID, GID int
 	// Preload lists Python modules the zygote imports before it is ready.
 	Preload []string
@@ -52,7 +53,7 @@ type Config struct {
 	MaxContexts int
 	// WarmWorkers is how many run workers the zygote keeps forked and set
 	// up ahead of demand; each costs the memory its set-up touched (a few
-	// MB). Default 1; negative means none.
+	// MB). Default 2; negative means none.
 	WarmWorkers int
 	// Logger receives the executor's logs. Default: slog JSON on stderr.
 	Logger *slog.Logger
@@ -93,7 +94,7 @@ func (c *Config) setDefaults() error {
 		c.MaxContexts = 16
 	}
 	if c.WarmWorkers == 0 {
-		c.WarmWorkers = 1
+		c.WarmWorkers = 2
 	}
 	c.WarmWorkers = max(c.WarmWorkers, 0)
 	if c.Logger == nil {
@@ -161,6 +162,9 @@ func New(cfg Config) (*Server, error) {
 	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
 		return nil, fmt.Errorf("executor: write zygote: %w", err)
 	}
+	if err := os.WriteFile(filepath.Join(cfg.ControlDir, "runner.py"), runnerScript, 0o600); err != nil {
+		return nil, fmt.Errorf("executor: write runner: %w", err)
+	}
 	if len(cfg.SeccompFilter) > 0 {
 		s.filterPath = filepath.Join(cfg.ControlDir, "inner-seccomp.bpf")
 		if err := os.WriteFile(s.filterPath, cfg.SeccompFilter, 0o600); err != nil {
@@ -174,12 +178,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	self, _ := os.ReadFile("/proc/self/cgroup")
 	s.cg = newCgroupReader(cfg.CgroupRoot, self)
+	s.baseCtx, s.baseCancel = context.WithCancelCause(context.Background())
 	return s, nil
 }
 
 // Serve listens on the socket and serves until ctx is done, then kills
 // every execution and the zygote and returns. It returns an error only if
-// it could not start.
+// it could not start. A Server serves once.
 func (s *Server) Serve(ctx context.Context) error {
 	rp, err := newReaper(os.Getpid() == 1, s.log)
 	if err != nil {
@@ -199,11 +204,16 @@ func (s *Server) Serve(ctx context.Context) error {
 		return fmt.Errorf("executor: socket mode: %w", err)
 	}
 
-	s.baseCtx, s.baseCancel = context.WithCancelCause(context.Background())
 	s.wg.Add(1)
 	go s.superviseZygote()
 
-	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	hs := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		// No write timeout: a run's stream may last its whole timeout.
+		IdleTimeout: 5 * time.Minute,
+		ErrorLog:    slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(l) }()
 	s.log.Info("executor listening", "socket", s.cfg.SocketPath, "version", Version, "pid1", os.Getpid() == 1)
@@ -240,7 +250,8 @@ func (s *Server) shutdown(hs *http.Server) {
 	s.log.Info("executor stopped")
 }
 
-// Handler is the HTTP API.
+// Handler is the HTTP API. Executions run only while Serve runs (it owns
+// the zygote); Serve uses this handler itself.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.handleHealth)
@@ -248,6 +259,15 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("GET /stats", s.handleStats)
 	mux.HandleFunc("DELETE /contexts/{id}", s.handleDeleteContext)
+	// Everything else, in the same error format as the rest.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		switch p := r.URL.Path; {
+		case p == "/health" || p == "/run" || p == "/cancel" || p == "/stats" || strings.HasPrefix(p, "/contexts/"):
+			writeErrorStatus(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" "+p+" is not supported")
+		default:
+			writeErrorStatus(w, http.StatusNotFound, "not_found", "no such endpoint: "+p)
+		}
+	})
 	return mux
 }
 
@@ -322,7 +342,7 @@ func (s *Server) superviseZygote() {
 	const minBackoff, maxBackoff = 50 * time.Millisecond, 5 * time.Second
 	backoff := minBackoff
 	cfg := zygoteConfig{
-		UID: s.cfg.UID, GID: s.cfg.GID, Preload: s.cfg.Preload, Bash: s.cfg.Bash,
+		UID: s.cfg.UID, GID: s.cfg.GID, Preload: append([]string{}, s.cfg.Preload...), Bash: s.cfg.Bash,
 		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: MaxReturnValueBytes,
 		Warm: s.cfg.WarmWorkers,
 	}
@@ -441,7 +461,11 @@ func writeError(w http.ResponseWriter, err error) {
 	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, errShuttingDown):
 		status, code = http.StatusServiceUnavailable, "unavailable"
 	}
+	writeErrorStatus(w, status, code, err.Error())
+}
+
+func writeErrorStatus(w http.ResponseWriter, status int, code, msg string) {
 	var body errorBody
-	body.Error.Code, body.Error.Message = code, err.Error()
+	body.Error.Code, body.Error.Message = code, msg
 	writeJSON(w, status, body)
 }

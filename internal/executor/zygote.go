@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -17,9 +18,14 @@ import (
 )
 
 // zygoteScript is the Python side; see the protocol in its docstring.
-//
-//go:embed zygote.py
-var zygoteScript []byte
+// runnerScript is what runs user code in a worker; zygote.py loads it from
+// beside itself.
+var (
+	//go:embed zygote.py
+	zygoteScript []byte
+	//go:embed runner.py
+	runnerScript []byte
+)
 
 // Spawn kinds.
 const (
@@ -214,7 +220,7 @@ func (z *zygote) readLoop() {
 	for {
 		n, oobn, _, _, err := z.conn.ReadMsgUnix(buf, oob)
 		if err != nil || n == 0 {
-			if err != nil && !errors.Is(err, net.ErrClosed) {
+			if err != nil && !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
 				z.log.Warn("zygote control socket", "err", err)
 			}
 			// The socket closes as the zygote exits (or, if it closed it
