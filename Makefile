@@ -36,12 +36,14 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
 
-# run: build, then run a first program in a fresh sandbox.
-run: setup
+# run: run a first program in a fresh sandbox (builds the python template
+# on first use).
+run: build
 	bin/sbx run --template python -c 'import platform; print("hello from", platform.node()); return {"python": platform.python_version()}'
 
-# ci is what .ci/run runs: everything a change must pass.
-ci: setup lint test test-integration
+# ci is what .ci/run runs (after scripts/setup.sh): everything a change
+# must pass.
+ci: lint test test-integration
 
 clean:
 	rm -rf bin

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what sbx needs on a Debian 12 machine and builds it. Idempotent
-# and quiet when everything is already there; runs without standard input
-# (CI). Needs root: sandboxes need namespaces, cgroups and an OCI runtime.
+# Installs what sbx needs on a Debian 12 machine and builds it, then runs
+# the make targets given as arguments (scripts/setup.sh run, scripts/setup.sh
+# ci). Idempotent and quiet when everything is already there; runs without
+# standard input (CI). Needs root: sandboxes need namespaces, cgroups and an
+# OCI runtime.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +26,81 @@ if [ ${#missing[@]} -gt 0 ]; then
 	apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null >/dev/null
 fi
 
+# gVisor's runsc, an optional runtime (oci.Config.Runtime "runsc"). Debian
+# 12's own runsc (20221219) has no systrap platform and breaks stat(2); the
+# one in bookworm-backports (20240729) works. The backports source is derived
+# from the machine's own Debian source (same mirror, same keyring), never
+# written by hand. runsc is optional: a failure warns and setup goes on.
+runsc_min=0.0~20240729
+
+# debian_source prints "URI<TAB>keyring" of the first entry for suite $1 in
+# /etc/apt/sources.list.d/debian.sources (deb822) or /etc/apt/sources.list
+# (one-line format); keyring may be empty.
+debian_source() {
+	local f=/etc/apt/sources.list.d/debian.sources
+	if [ -f "$f" ]; then
+		awk -v suite="$1" 'BEGIN { RS = ""; FS = "\n" } {
+			types = uris = suites = key = ""
+			for (i = 1; i <= NF; i++) {
+				l = $i
+				if (l ~ /^Types:/) types = " " substr(l, 7) " "
+				else if (l ~ /^URIs:/) { sub(/^URIs:[ \t]*/, "", l); uris = l }
+				else if (l ~ /^Suites:/) suites = " " substr(l, 8) " "
+				else if (l ~ /^Signed-By:[ \t]*\//) { sub(/^Signed-By:[ \t]*/, "", l); key = l }
+			}
+			gsub(/\t/, " ", types); gsub(/\t/, " ", suites)
+			if (types ~ / deb / && index(suites, " " suite " ") && uris != "") {
+				split(uris, u, /[ \t]+/); print u[1] "\t" key; exit
+			}
+		}' "$f"
+	elif [ -f /etc/apt/sources.list ]; then
+		awk -v suite="$1" '$1 == "deb" {
+			i = 2; opts = ""
+			if ($2 ~ /^\[/) { while (i < NF && $i !~ /\]$/) opts = opts " " $(i++); opts = opts " " $(i++) }
+			if ($(i + 1) == suite) {
+				key = ""
+				if (match(opts, /signed-by=[^] ]+/)) key = substr(opts, RSTART + 10, RLENGTH - 10)
+				print $i "\t" key; exit
+			}
+		}' /etc/apt/sources.list
+	fi
+}
+
+install_runsc() {
+	local have codename src uri key list=/etc/apt/sources.list.d/sbx-backports.sources
+	have=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+	if [ -n "$have" ] && dpkg --compare-versions "$have" ge "$runsc_min"; then
+		return 0
+	fi
+	codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+	[ -n "$codename" ] || { echo "no VERSION_CODENAME in /etc/os-release" >&2; return 1; }
+	if ! grep -qsE "^[^#]*[[:space:]]${codename}-backports([[:space:]]|$)" /etc/apt/sources.list \
+		/etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; then
+		src=$(debian_source "$codename")
+		uri=${src%%$'\t'*}
+		key=${src#*$'\t'}
+		[ -n "$uri" ] || { echo "no Debian $codename entry in debian.sources or sources.list to derive backports from" >&2; return 1; }
+		echo "setup: adding ${codename}-backports from $uri ($list)"
+		{
+			echo "# Written by sbx scripts/setup.sh from the machine's Debian $codename source."
+			echo "Types: deb"
+			echo "URIs: $uri"
+			echo "Suites: ${codename}-backports"
+			echo "Components: main"
+			if [ -n "$key" ]; then echo "Signed-By: $key"; fi
+		} >"$list" || return 1
+	fi
+	echo "setup: apt-get install -t ${codename}-backports runsc"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq </dev/null || return 1
+	apt-get install -y -qq --no-install-recommends -t "${codename}-backports" runsc </dev/null >/dev/null || return 1
+	have=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+	dpkg --compare-versions "${have:-0}" ge "$runsc_min" || { echo "runsc $have is older than $runsc_min" >&2; return 1; }
+}
+if ! install_runsc; then
+	echo "setup: warning: runsc (gVisor) was not installed; sbx works without it (runc is the default)" >&2
+fi
+
 # Go: the machine's toolchain (go.mod names the minimum version).
 if ! command -v go >/dev/null; then
 	if [ -x /usr/local/go/bin/go ]; then
@@ -35,3 +112,6 @@ if ! command -v go >/dev/null; then
 fi
 go mod download
 make --no-print-directory build
+if [ $# -gt 0 ]; then
+	exec make --no-print-directory "$@"
+fi

@@ -51,6 +51,7 @@ var (
 
 // bundleConfig is what config.json is generated from.
 type bundleConfig struct {
+	runtime    string // runc, crun or runsc: runsc gets gvisorSpec's changes
 	spec       runtime.Spec
 	res        runtime.Resources
 	controlDir string // host directory mounted at /run/sbx
@@ -77,7 +78,7 @@ func ociSpec(c bundleConfig) *specs.Spec {
 		args = append(args, "--preload", strings.Join(c.spec.Preload, ","))
 	}
 	caps := append([]string(nil), executorCaps...)
-	return &specs.Spec{
+	s := &specs.Spec{
 		// runc 1.1 speaks 1.0.2; nothing here needs a newer spec.
 		Version:  "1.0.2",
 		Hostname: "sbx",
@@ -124,6 +125,10 @@ func ociSpec(c bundleConfig) *specs.Spec {
 			ReadonlyPaths:     readonlyPaths,
 		},
 	}
+	if c.runtime == "runsc" {
+		gvisorSpec(s, c)
+	}
+	return s
 }
 
 func mounts(c bundleConfig) []specs.Mount {

@@ -8,7 +8,6 @@ package oci
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -49,7 +48,9 @@ type Config struct {
 	UIDRange uint32
 	// RunscFlags are global flags for runsc. Default: --platform=systrap
 	// --network=none (see runtime-facts.md: gVisor needs them on every
-	// subcommand).
+	// subcommand). The driver always adds --host-uds=create (the executor's
+	// socket must be a host socket) and --oci-seccomp after them; see
+	// runsc.go.
 	RunscFlags []string
 	// ReadyTimeout bounds how long Create waits for the executor to answer.
 	// Default: 30s.
@@ -111,10 +112,7 @@ func New(cfg Config) (*Runtime, error) {
 			return nil, err
 		}
 	case "runsc":
-		r.global = cfg.RunscFlags
-		if r.global == nil {
-			r.global = []string{"--platform=systrap", "--network=none"}
-		}
+		r.global = runscFlags(cfg.RunscFlags)
 	default:
 		return nil, fmt.Errorf("OCI runtime %q: want runc, crun or runsc: %w", cfg.Runtime, errdefs.ErrInvalidArgument)
 	}
@@ -240,6 +238,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 		}
 	}()
 
+	if err := r.shareBundle(b); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	root := int(r.cfg.UIDShift)
 	ctl := filepath.Join(b, "ctl")
 	if err := os.Mkdir(ctl, 0o700); err != nil {
@@ -252,7 +253,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
 	}
 	cfg := ociSpec(bundleConfig{
-		spec: spec, res: res, controlDir: ctl,
+		runtime: r.name, spec: spec, res: res, controlDir: ctl,
 		binDir:   filepath.Join(r.cfg.StateDir, "bin"),
 		uidShift: r.cfg.UIDShift, uidRange: r.cfg.UIDRange,
 		cgroupPath: sandboxCgroup(r.cfg.CgroupParent, spec.ID),
@@ -468,100 +469,17 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Info, error) {
 	return out, nil
 }
 
-// Stats reads the sandbox's cgroups.
+// Stats reads the sandbox's cgroups (and, for runsc, counts its tasks
+// inside gVisor: see runscTasks).
 func (r *Runtime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
-	if _, err := r.Inspect(ctx, id); err != nil {
+	info, err := r.Inspect(ctx, id)
+	if err != nil {
 		return nil, err
 	}
-	return readCgroupStats(r.cfg.CgroupParent, id)
-}
-
-// ociState is the runtime's word for a container's state in ours.
-func ociState(s string) runtime.State {
-	switch s {
-	case "running":
-		return runtime.StateRunning
-	case "paused", "pausing":
-		return runtime.StatePaused
-	case "created", "creating":
-		return runtime.StateCreating
-	default:
-		return runtime.StateStopped
+	st, err := readCgroupStats(r.cfg.CgroupParent, id)
+	if err != nil || r.name != "runsc" {
+		return st, err
 	}
-}
-
-type ociStateJSON struct {
-	Status string `json:"status"`
-	Pid    int    `json:"pid"`
-}
-
-func (r *Runtime) state(ctx context.Context, id string) (*ociStateJSON, error) {
-	out, err := r.run(ctx, nil, "state", id)
-	if err != nil {
-		if notExist(out) {
-			return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
-		}
-		return nil, fmt.Errorf("sandbox %s: %s state: %v: %s", id, r.name, err, out)
-	}
-	var st ociStateJSON
-	if err := json.Unmarshal(out, &st); err != nil {
-		return nil, fmt.Errorf("sandbox %s: %s state: %w", id, r.name, err)
-	}
-	return &st, nil
-}
-
-// notExist recognises the runtime binaries' "no such container" answers;
-// they exit 1 for that as for every other failure.
-func notExist(out []byte) bool {
-	s := string(out)
-	return strings.Contains(s, "does not exist") || strings.Contains(s, "not found") || strings.Contains(s, "no such")
-}
-
-// run runs the runtime binary and returns its combined output (stdout only
-// when stdio is given, which then receives the container's stdio).
-func (r *Runtime) run(ctx context.Context, stdio *os.File, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.binary, append(append([]string(nil), r.global...), args...)...)
-	var out bytes.Buffer
-	if stdio != nil {
-		// runc run --detach hands these to the container; a pipe here
-		// would keep us waiting for the container to close it.
-		cmd.Stdin = nil
-		cmd.Stdout = stdio
-		cmd.Stderr = stdio
-	} else {
-		cmd.Stdout = &out
-		cmd.Stderr = &out
-	}
-	err := cmd.Run()
-	if stdio != nil && err != nil {
-		// The runtime's complaint went to the log file with the rest.
-		return nil, err
-	}
-	return bytes.TrimSpace(out.Bytes()), err
-}
-
-func readPid(bundle string) int {
-	b, err := os.ReadFile(filepath.Join(bundle, "pid"))
-	if err != nil {
-		return 0
-	}
-	var pid int
-	fmt.Sscan(string(b), &pid)
-	return pid
-}
-
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, b, 0o600)
-}
-
-func readJSON(path string, v any) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err
-	}
-	return json.Unmarshal(b, v)
+	st.PIDs, err = r.runscTasks(ctx, id, info.State)
+	return st, err
 }

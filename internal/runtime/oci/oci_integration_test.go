@@ -14,10 +14,28 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
-func TestRunc(t *testing.T)  { conformance(t, "runc") }
-func TestRunsc(t *testing.T) { conformance(t, "runsc") }
+func TestRunc(t *testing.T) { conformance(t, "runc", nil) }
 
-func conformance(t *testing.T, name string) {
+// TestRunsc runs the suite on gVisor, whose sandboxes differ from Linux's
+// by nature in the ways the switches below name (see their doc comments in
+// runtimetest.Harness). Every other check is the same as runc's.
+func TestRunsc(t *testing.T) {
+	conformance(t, "runsc", func(h *runtimetest.Harness) {
+		// Sandboxed processes live in the sentry; the host sees the
+		// sentry, its stubs and the gofer.
+		h.ProcessesOffHost = true
+		// gVisor has no ambient capabilities; its /proc/PID/status lacks
+		// the CapAmb and NoNewPrivs lines.
+		h.NoAmbientCaps = true
+		// gVisor's sysfs has no /sys/class/net.
+		h.NoSysfsNet = true
+		// The sentry shares the memory cgroup with the code it runs: an
+		// OOM kills the whole sandbox (google/gvisor#2533).
+		h.SandboxWideOOM = true
+	})
+}
+
+func conformance(t *testing.T, name string, adjust func(*runtimetest.Harness)) {
 	testenv.RequiresRoot(t)
 	if _, err := exec.LookPath(name); err != nil {
 		t.Skipf("%s is not installed", name)
@@ -31,7 +49,7 @@ func conformance(t *testing.T, name string) {
 		}
 		return rt
 	}
-	runtimetest.Run(t, runtimetest.Harness{
+	h := runtimetest.Harness{
 		Runtime:       open(t),
 		Reopen:        open,
 		Rootfs:        env.Rootfs(t, "python"),
@@ -44,7 +62,11 @@ func conformance(t *testing.T, name string) {
 			return dirs
 		},
 		BundleDir: func(id string) string { return filepath.Join(stateDir, "sandboxes", id) },
-	})
+	}
+	if adjust != nil {
+		adjust(&h)
+	}
+	runtimetest.Run(t, h)
 }
 
 func TestCrunHybrid(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +24,11 @@ func testIsolation(t *testing.T, h *Harness) {
 	s := h.NewSandbox(t, runtime.Resources{MemoryMB: 256, PIDs: 128, TmpMB: 16})
 
 	t.Run("Identity", func(t *testing.T) {
+		capAmb, noNewPrivs := "st['CapAmb']", "st['NoNewPrivs']"
+		if h.NoAmbientCaps {
+			capAmb = "st.get('CapAmb', '0000000000000000')"
+			noNewPrivs = "str(__import__('ctypes').CDLL(None).prctl(39, 0, 0, 0, 0))" // PR_GET_NO_NEW_PRIVS
+		}
 		out := returnString(t, s.MustRun(t, "python", `
 import os
 st = {}
@@ -30,8 +36,8 @@ for line in open('/proc/self/status'):
     k, _, v = line.partition(':')
     st[k] = v.strip()
 return ' '.join([str(os.getuid()), str(os.getgid()), str(os.getgroups()),
-    st['CapEff'], st['CapPrm'], st['CapInh'], st['CapBnd'], st['CapAmb'],
-    st['NoNewPrivs'], st['Seccomp']])`))
+    st['CapEff'], st['CapPrm'], st['CapInh'], st['CapBnd'], `+capAmb+`,
+    `+noNewPrivs+`, st['Seccomp']])`))
 		want := "1000 1000 [] 0000000000000000 0000000000000000 0000000000000000 0000000000000000 0000000000000000 1 2"
 		if out != want {
 			t.Errorf("uid gid groups CapEff CapPrm CapInh CapBnd CapAmb NoNewPrivs Seccomp:\n got %s\nwant %s", out, want)
@@ -40,6 +46,10 @@ return ' '.join([str(os.getuid()), str(os.getgid()), str(os.getgroups()),
 
 	t.Run("HostUID", func(t *testing.T) {
 		// Seen from the host, code in the sandbox is an unprivileged uid.
+		if h.ProcessesOffHost {
+			hostUIDOffHost(t, h, s)
+			return
+		}
 		marker := fmt.Sprintf("sbx-uid-marker-%d", time.Now().UnixNano())
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
@@ -99,6 +109,10 @@ return ' '.join(res)`, secret)))
 			}
 		}()
 		port := ln.Addr().(*net.TCPAddr).Port
+		ifaces := "os.listdir('/sys/class/net')"
+		if h.NoSysfsNet {
+			ifaces = "[name for _, name in socket.if_nameindex()]"
+		}
 		out := returnString(t, s.MustRun(t, "python", fmt.Sprintf(`
 import socket, os
 res = []
@@ -106,12 +120,12 @@ try:
     c = socket.create_connection(('127.0.0.1', %d), timeout=2); res.append('CONNECTED ' + c.recv(100).decode())
 except OSError as e:
     res.append('refused')
-res.append(','.join(sorted(os.listdir('/sys/class/net'))))
+res.append(','.join(sorted(%s)))
 try:
     socket.create_connection(('10.0.2.2', 80), timeout=1); res.append('EGRESS')
 except OSError:
     res.append('no-egress')
-return ' '.join(res)`, port)))
+return ' '.join(res)`, port, ifaces)))
 		if out != "refused lo no-egress" {
 			t.Errorf("network: %s (want: refused lo no-egress)", out)
 		}
@@ -234,7 +248,11 @@ return repr(left)`))
 
 	t.Run("MemoryBomb", func(t *testing.T) {
 		b := h.NewSandbox(t, runtime.Resources{MemoryMB: 128})
-		res := b.Run(t, "python", "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\nprint('survived')", 30*time.Second)
+		if h.SandboxWideOOM {
+			memoryBombSandboxWide(t, h, b, s)
+			return
+		}
+		res := b.Run(t, "python", memoryBomb, 30*time.Second)
 		if res.Status == executor.StatusCompleted {
 			t.Fatalf("a 1 GiB allocation in a 128 MiB sandbox completed: %+v", res)
 		}
@@ -244,6 +262,90 @@ return repr(left)`))
 		b.MustRun(t, "python", "print('still here')")
 		s.MustRun(t, "python", "print('bystander fine')")
 	})
+}
+
+// memoryBomb allocates and touches 1 GiB.
+const memoryBomb = "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\nprint('survived')"
+
+// memoryBombSandboxWide is MemoryBomb for a runtime with SandboxWideOOM:
+// the bomb takes the whole sandbox b down, and that must be visible to the
+// caller and harmless to bystander s.
+func memoryBombSandboxWide(t *testing.T, h *Harness, b, s *Sandbox) {
+	ctx := context.Background()
+	res, err := b.Client.Run(ctx, executor.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "python", Code: memoryBomb, TimeoutMs: 30000}, nil)
+	if err == nil && res.Status == executor.StatusCompleted {
+		t.Fatalf("a 1 GiB allocation in a 128 MiB sandbox completed: %+v", res)
+	}
+	// The runtime reports the sandbox stopped once its kernel is gone (a
+	// host init may take a moment to reap it).
+	var info *runtime.Info
+	for i := 0; i < 300; i++ {
+		if info, err = h.Runtime.Inspect(ctx, b.ID); err != nil || info.State == runtime.StateStopped {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil || info.State != runtime.StateStopped {
+		t.Errorf("after the memory bomb (result %+v): %+v, %v; want a stopped sandbox", res, info, err)
+	}
+	if st, err := h.Runtime.Stats(ctx, b.ID); err != nil || st.OOMKills == 0 {
+		t.Errorf("after the memory bomb: stats %+v, %v; want an OOM kill", st, err)
+	}
+	s.MustRun(t, "python", "print('bystander fine')")
+}
+
+// hostUIDOffHost is HostUID for a runtime with ProcessesOffHost: while user
+// code runs in s, every host process in the sandbox's cgroups (the
+// runtime's kernel and its helpers) is an unprivileged uid.
+func hostUIDOffHost(t *testing.T, h *Harness, s *Sandbox) {
+	if h.CgroupDirs == nil {
+		t.Fatal("ProcessesOffHost needs CgroupDirs")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	started := make(chan struct{})
+	done := make(chan struct{})
+	var once sync.Once
+	go func() {
+		defer close(done)
+		s.Client.Run(ctx, executor.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "bash", Code: "echo started; exec sleep 30", TimeoutMs: 30000},
+			func(string, string) { once.Do(func() { close(started) }) })
+	}()
+	defer func() { cancel(); <-done }()
+	select {
+	case <-started:
+	case <-done:
+		t.Fatal("the execution ended before it started")
+	}
+	pids := map[string]bool{}
+	for _, d := range h.CgroupDirs(s.ID) {
+		b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+		for _, p := range strings.Fields(string(b)) {
+			pids[p] = true
+		}
+	}
+	if len(pids) == 0 {
+		t.Fatal("no host process in the sandbox's cgroups")
+	}
+	for p := range pids {
+		uid := uidOf(p)
+		if n, err := strconv.Atoi(uid); err != nil || n < 1000 {
+			t.Errorf("host process %s of the sandbox runs as uid %q", p, uid)
+		}
+	}
+}
+
+// uidOf returns the real uid of host process pid, "" if it is gone.
+func uidOf(pid string) string {
+	status, err := os.ReadFile(filepath.Join("/proc", pid, "status"))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+			return f[1]
+		}
+	}
+	return ""
 }
 
 // hostUIDOf finds a process on the host whose command line starts with

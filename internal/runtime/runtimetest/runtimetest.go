@@ -37,6 +37,34 @@ type Harness struct {
 	CgroupDirs func(id string) []string
 	// BundleDir, when set, returns the sandbox's host state directory.
 	BundleDir func(id string) string
+
+	// Capability switches, for a runtime whose sandboxes cannot show a
+	// property the way Linux shows it. Each names the difference and says
+	// how the suite checks the same property instead; runc sets none, and
+	// none of them skips a check.
+
+	// ProcessesOffHost: the sandbox's processes are not host processes
+	// (gVisor runs them in its own kernel, the sentry; the host sees only
+	// the sentry, its systrap stubs and the gofer). HostUID then checks
+	// that, while user code runs, every host process in the sandbox's
+	// cgroups runs as an unprivileged uid. Needs CgroupDirs.
+	ProcessesOffHost bool
+	// NoAmbientCaps: the kernel has no ambient capability set and its
+	// /proc/PID/status has neither a CapAmb nor a NoNewPrivs line (gVisor).
+	// Identity then takes the missing CapAmb as the empty set it is and
+	// reads no_new_privs with prctl(PR_GET_NO_NEW_PRIVS).
+	NoAmbientCaps bool
+	// NoSysfsNet: /sys has no class/net (gVisor's sysfs). HostNetwork then
+	// lists the network interfaces with if_nameindex(3) instead.
+	NoSysfsNet bool
+	// SandboxWideOOM: the memory limit holds the sandbox as a whole, its
+	// kernel included, so running out kills the whole sandbox rather than
+	// the one execution (gVisor: the sentry shares the host memory cgroup
+	// with the code it runs, and the host OOM killer cannot reach a process
+	// inside it; google/gvisor#2533, #2534). MemoryBomb then checks that
+	// the allocation did not complete, that the sandbox is reported stopped
+	// with the OOM kill in its stats, and that the bystander is unharmed.
+	SandboxWideOOM bool
 }
 
 var seq atomic.Int64
