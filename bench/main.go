@@ -236,7 +236,9 @@ func newSandbox(ctx context.Context, rt runtime.Runtime, id string, tmpl *templa
 	return &sandbox{id: id, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
 }
 
-func (s *sandbox) run(ctx context.Context, lang, code string) { s.do(ctx, executor.RunRequest{Language: lang, Code: code}) }
+func (s *sandbox) run(ctx context.Context, lang, code string) {
+	s.do(ctx, executor.RunRequest{Language: lang, Code: code})
+}
 
 func (s *sandbox) runIn(ctx context.Context, contextID, code string) {
 	s.do(ctx, executor.RunRequest{Language: "python", Code: code, ContextID: contextID})
