@@ -22,6 +22,7 @@ import (
 var version string
 
 func main() {
+	executor.Trace("main")
 	if version != "" {
 		executor.Version = version
 	}

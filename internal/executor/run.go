@@ -110,12 +110,15 @@ func (e *execution) supervise() {
 	defer e.s.wg.Done()
 	defer e.cancel(nil)
 	s := e.s
+	Trace("supervise.start")
 	var o outcome
 	if e.pc != nil {
 		o = e.pc.run(e)
 	} else {
 		e.begin()
+		Trace("begin.done")
 		o = e.runStateless()
+		Trace("runStateless.done")
 	}
 	res := &Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
 	if e.startedAt.IsZero() { // it never left the context's queue
@@ -134,6 +137,7 @@ func (e *execution) supervise() {
 	delete(s.execs, e.id)
 	s.mu.Unlock()
 	e.res = res
+	Trace("result.ready")
 	close(e.done)
 }
 
@@ -204,6 +208,7 @@ func (e *execution) startReaders(p *pipes) *readers {
 	go func() {
 		defer close(rd.resultDone)
 		b, _ := io.ReadAll(io.LimitReader(p.r[2], MaxReturnValueBytes+1<<20))
+		Trace("result.eof")
 		_, _ = io.Copy(io.Discard, p.r[2])
 		rd.result = b
 	}()
@@ -299,7 +304,9 @@ func (e *execution) runStateless() outcome {
 		return outcome{startErr: err}
 	}
 	rd := e.startReaders(p)
+	Trace("spawn.send")
 	c, err := z.spawn(e.ctx, kindRun, []int{pfd, p.w[0], p.w[1], p.w[2]})
+	Trace("spawn.reply")
 	// Nothing ran yet if the zygote died before it forked: try its
 	// successor rather than fail the run.
 	for try := 0; errors.Is(err, errZygoteDied) && try < 3; try++ {
@@ -317,7 +324,9 @@ func (e *execution) runStateless() outcome {
 	var o outcome
 	o.timedOut, o.cause = e.waitOrKill(c.exited, c.kill)
 	o.exited, o.ws, o.lost = !c.lost, c.status, c.lost
+	Trace("child.exited")
 	rd.finish(exitGrace)
+	Trace("pipes.eof")
 	o.result = rd.result
 	return o
 }
@@ -442,6 +451,7 @@ func (e *execution) memoryLimitText() string {
 // handleRun streams an execution's output as NDJSON and ends with its
 // result. The execution is killed if the client goes away first.
 func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
+	Trace("http.handler")
 	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
 	req, err := DecodeRunRequest(body, s.cfg.Workspace)
 	if err != nil {
@@ -484,6 +494,7 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 			if send(e.out.take(true)) == nil && writeEvent(w, Event{Type: "result", Result: e.res}) == nil {
 				_ = rc.Flush()
 			}
+			Trace("http.flushed")
 			return
 		case <-r.Context().Done():
 			e.cancel(errClientGone)

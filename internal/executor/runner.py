@@ -107,10 +107,12 @@ def run(p, g, in_context):
     before = g.get("handler")
     has_value, value = False, None
     try:
+        T("user.start")
         if co.co_flags & inspect.CO_COROUTINE:
             asyncio.run(eval(co, g))
         else:
             exec(co, g)
+        T("user.end")
         h = g.get("handler")
         if callable(h) and (not in_context or h is not before):
             value = h(p.get("event"))

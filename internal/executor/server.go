@@ -139,6 +139,7 @@ var errShuttingDown = errors.New("the executor is shutting down")
 
 // New checks cfg and prepares the control directory. Serve runs the server.
 func New(cfg Config) (*Server, error) {
+	Trace("New")
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
@@ -216,6 +217,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(l) }()
+	Trace("listening")
 	s.log.Info("executor listening", "socket", s.cfg.SocketPath, "version", Version, "pid1", os.Getpid() == 1)
 
 	select {

@@ -187,6 +187,7 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 		pending:  make(map[uint64]chan spawnReply),
 		children: make(map[int]*child),
 	}
+	Trace("zygote.startprocess")
 	pid, err := rp.start(func() (int, error) {
 		p, err := os.StartProcess(python, []string{python, "-I", scriptPath, string(cfgJSON)}, &os.ProcAttr{
 			Env: env,
@@ -270,6 +271,7 @@ func closeAll(fds []int) {
 }
 
 func (z *zygote) handle(m *zygoteMsg, fds []int) {
+	Trace("zmsg." + m.Op)
 	switch m.Op {
 	case "ready":
 		z.info = zygoteReady{preloaded: m.Preloaded, errors: m.Errors, python: m.Python}

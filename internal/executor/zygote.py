@@ -43,6 +43,19 @@ import socket
 import sys
 import time
 
+_TP = os.environ.get("SBX_TRACE")
+_TFD = -1
+if _TP:
+    _TFD = os.dup2(os.open(_TP, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666), 99, inheritable=False)
+_ROLE = ["zyg"]
+
+
+def T(ev):
+    if _TFD >= 0:
+        os.write(_TFD, b"%d %s %s\n" % (time.monotonic_ns(), _ROLE[0].encode(), ev.encode()))
+
+
+T("py.top")
 CFG = json.loads(sys.argv[1])
 UID = CFG["uid"]
 GID = CFG["gid"]
@@ -191,6 +204,7 @@ class Zygote:
                 if msg is None:
                     os._exit(0)  # the executor went away
                 if msg.get("op") == "spawn":
+                    T("spawn.recv")
                     self.spawn(msg, fds)
                 else:
                     close_all(fds)
@@ -198,7 +212,9 @@ class Zygote:
 
     def prefork(self):
         try:
+            T("prefork.start")
             self.warm.append(self.fork_worker("run"))
+            T("prefork.end")
         except OSError as e:
             self.next_fork = time.monotonic() + 1.0
             log(self.sock, "warn", "cannot pre-fork a worker: %s" % e)
@@ -211,6 +227,7 @@ class Zygote:
                 return
             if pid == 0:
                 return
+            T("reaped")
             self.running.discard(pid)
             for i, (wpid, chan) in enumerate(self.warm):
                 if wpid == pid:  # died while idle: the executor never knew it
@@ -218,6 +235,7 @@ class Zygote:
                     del self.warm[i]
                     break
             send(self.sock, {"op": "exit", "pid": pid, "status": status})
+            T("exit.sent")
 
     def fork_worker(self, kind, chan_fd=-1):
         """Fork a worker; for a run worker, return (pid, our end of its channel)."""
@@ -278,6 +296,7 @@ class Zygote:
         except (OSError, AttributeError):
             pass  # the executor falls back to kill(pid)
         send(self.sock, {"op": "spawned", "tag": tag, "pid": pid}, [pidfd] if pidfd >= 0 else [])
+        T("spawned.sent")
         if pidfd >= 0:
             os.close(pidfd)
 
@@ -287,6 +306,7 @@ class Zygote:
             fresh = not self.warm
             pid, chan = self.fork_worker("run") if fresh else self.warm.pop(0)
             try:
+                T("handout.fresh" if fresh else "handout.warm")
                 socket.send_fds(chan, [b'{"op":"run"}'], fds)
                 self.running.add(pid)
                 return pid
@@ -306,6 +326,7 @@ def main():
     for name in ["json", "traceback", "ast", "linecache", "types", "asyncio", "inspect"] + (CFG.get("preload") or []):
         try:
             importlib.import_module(name)
+            T("imported " + name)
             preloaded.append(name)
         except BaseException as e:  # an import may even call sys.exit
             errors[name] = "%s: %s" % (type(e).__name__, e)
@@ -317,19 +338,24 @@ def main():
                 log(sock, "warn", "warm-up of %s failed: %s: %s" % (name, type(e).__name__, e))
     # Keep the imported objects out of the collector's reach, so that a
     # collection in a worker does not touch (and so copy) every shared page.
+    T("warmups.done")
     gc.collect()
     gc.freeze()
+    T("gc.frozen")
     # The executor stops the zygote with SIGKILL or by closing the socket.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     z = Zygote(sock)
     send(sock, {"op": "ready", "preloaded": preloaded, "errors": errors,
                 "python": sys.version.split()[0]})
+    T("ready.sent")
     z.loop()
 
 
 # ---------------------------------------------------------------- worker
 
 def worker_main(kind, chan_fd):
+    _ROLE[0] = "wrk"
+    T("forked")
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # 0, 1 = /dev/null; 2 stays the executor's log until the run (a crash
@@ -341,13 +367,15 @@ def worker_main(kind, chan_fd):
     os.dup2(null, 1)
     os.dup2(chan_fd, CTL_FD, inheritable=False)
     os.dup2(null, RES_FD, inheritable=False)
-    os.closerange(RES_FD + 1, 1 << 30)
+    os.closerange(RES_FD + 1, 99)
+    os.closerange(100, 1 << 30)
     chan = socket.socket(fileno=CTL_FD)
     setup_error = None
     try:
         become_user()
     except BaseException as e:
         setup_error = "cannot drop privileges: %s" % e
+    T("become_user.done")
     if kind == "context":
         if setup_error:
             send(chan, {"op": "error", "error": setup_error})
@@ -359,7 +387,9 @@ def worker_main(kind, chan_fd):
         # touches now, rather than during the run.
         prepare({"env": dict(os.environ), "cwd": "/"})
         RUNNER.warm_up()
+        T("warmup.done")
     msg, fds = recv(chan)
+    T("run.recv")
     if msg is None or msg.get("op") != "run" or len(fds) != 4:
         os._exit(0)  # the zygote went away before handing us a run
     payload_fd, out_fd, err_fd, res_fd = fds
@@ -375,6 +405,7 @@ def worker_main(kind, chan_fd):
         write_result({"exit_code": 70, "error": executor_error("cannot read the request: %s: %s" % (type(e).__name__, e))})
         os._exit(70)
     close_all([payload_fd, out_fd, err_fd, res_fd])
+    T("payload.read")
     run_once(p)
 
 
@@ -500,9 +531,12 @@ def run_once(p):
             write_result({"exit_code": 127, "error": executor_error("exec %s: %s" % (BASH, e))})
             os._exit(127)
     res = RUNNER.run(p, RUNNER.new_main_module().__dict__, False)
+    T("run.done")
     code = res["exit_code"]
     write_result(res)
+    T("result.written")
     RUNNER.finish()
+    T("finish.done")
     os._exit(code & 0xFF)
 
 
@@ -556,6 +590,7 @@ def _load_runner():
     m = _types.ModuleType("_sbx_runner")
     m.__file__ = RUNNER_FILE
     m.MAX_RETURN = MAX_RETURN
+    m.T = T
     with open(RUNNER_FILE) as f:
         exec(compile(f.read(), RUNNER_FILE, "exec"), m.__dict__)
     return m

@@ -1,0 +1,131 @@
+package oci
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+)
+
+func testConfig() bundleConfig {
+	return bundleConfig{
+		spec: runtime.Spec{ID: "x", Rootfs: "/r", Workspace: "/w", Env: map[string]string{"FOO": "bar", "HOME": "/elsewhere"},
+			Preload: []string{"pandas", "numpy"}},
+		res:        runtime.Resources{CPU: 0.5, MemoryMB: 256, PIDs: 64, TmpMB: 32, DiskMB: 100},
+		controlDir: "/b/ctl", binDir: "/s/bin", uidShift: 100000, uidRange: 65536,
+		cgroupPath: sandboxCgroup("sbx", "x"),
+	}
+}
+
+// TestSpecHardening pins the properties every sandbox must have (R-70 to
+// R-73); the runtimetest suite checks that they hold in a real sandbox.
+func TestSpecHardening(t *testing.T) {
+	s := ociSpec(testConfig())
+	if !s.Root.Readonly || s.Root.Path != "/r" {
+		t.Errorf("root %+v: want the rootfs read-only", s.Root)
+	}
+	if !s.Process.NoNewPrivileges {
+		t.Error("noNewPrivileges is off")
+	}
+	if s.Process.User.UID != 0 {
+		t.Errorf("the executor runs as %d inside, want 0 (it drops to 1000 for user code)", s.Process.User.UID)
+	}
+	caps := s.Process.Capabilities
+	if len(caps.Inheritable) != 0 || len(caps.Ambient) != 0 {
+		t.Errorf("inheritable/ambient capabilities: %v %v", caps.Inheritable, caps.Ambient)
+	}
+	for _, c := range caps.Bounding {
+		if !slices.Contains(executorCaps, c) {
+			t.Errorf("capability %s is not one the executor needs", c)
+		}
+	}
+	var ns []string
+	for _, n := range s.Linux.Namespaces {
+		if n.Path != "" {
+			t.Errorf("namespace %s joins %s", n.Type, n.Path)
+		}
+		ns = append(ns, string(n.Type))
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.MountNamespace, specs.IPCNamespace,
+		specs.UTSNamespace, specs.NetworkNamespace, specs.UserNamespace, specs.CgroupNamespace} {
+		if !slices.Contains(ns, string(want)) {
+			t.Errorf("no %s namespace", want)
+		}
+	}
+	if m := s.Linux.UIDMappings; len(m) != 1 || m[0].ContainerID != 0 || m[0].HostID != 100000 || m[0].Size != 65536 {
+		t.Errorf("uid mappings %+v", m)
+	}
+	r := s.Linux.Resources
+	if *r.Memory.Limit != 256<<20 || *r.Memory.Swap != 256<<20 {
+		t.Errorf("memory %d swap %d: want 256 MiB each (no swap beyond the limit)", *r.Memory.Limit, *r.Memory.Swap)
+	}
+	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 {
+		t.Errorf("cpu quota %d/%d, want half a core", *r.CPU.Quota, *r.CPU.Period)
+	}
+	if *r.Pids.Limit != 64 {
+		t.Errorf("pids %d", *r.Pids.Limit)
+	}
+	if len(r.Devices) == 0 || r.Devices[0].Allow {
+		t.Errorf("devices cgroup does not start from deny-all: %+v", r.Devices)
+	}
+	if s.Linux.CgroupsPath != "/sbx/x" {
+		t.Errorf("cgroups path %q", s.Linux.CgroupsPath)
+	}
+	if s.Linux.Seccomp == nil || s.Linux.Seccomp.DefaultAction != specs.ActErrno {
+		t.Errorf("seccomp default action: %+v", s.Linux.Seccomp)
+	}
+	if !slices.Contains(s.Linux.MaskedPaths, "/proc/kcore") || !slices.Contains(s.Linux.ReadonlyPaths, "/proc/sys") {
+		t.Error("proc paths are not masked")
+	}
+}
+
+func TestSpecMounts(t *testing.T) {
+	s := ociSpec(testConfig())
+	byDest := map[string]specs.Mount{}
+	for _, m := range s.Mounts {
+		byDest[m.Destination] = m
+	}
+	for dest, want := range map[string]string{
+		"/workspace": "rw", "/opt/sbx": "ro", "/run/sbx": "rw", "/sys": "ro", "/sys/fs/cgroup": "ro",
+	} {
+		m, ok := byDest[dest]
+		if !ok || !slices.Contains(m.Options, want) || !slices.Contains(m.Options, "nosuid") {
+			t.Errorf("%s: %+v, want %s,nosuid", dest, m, want)
+		}
+	}
+	if m := byDest["/tmp"]; m.Type != "tmpfs" || !slices.Contains(m.Options, "size=32m") {
+		t.Errorf("/tmp: %+v, want a 32m tmpfs", m)
+	}
+	if byDest["/workspace"].Source != "/w" || byDest["/run/sbx"].Source != "/b/ctl" {
+		t.Error("bind sources are wrong")
+	}
+}
+
+func TestSpecProcess(t *testing.T) {
+	s := ociSpec(testConfig())
+	args := strings.Join(s.Process.Args, " ")
+	if !strings.HasPrefix(args, executorBinary+" ") || !strings.Contains(args, "--preload pandas,numpy") {
+		t.Errorf("args %q", args)
+	}
+	env := strings.Join(s.Process.Env, "\n")
+	if !strings.Contains(env, "FOO=bar") || !strings.Contains(env, "HOME=/elsewhere") || strings.Contains(env, "HOME=/tmp") {
+		t.Errorf("env: the spec's variables must override the defaults:\n%s", env)
+	}
+	if !slices.IsSorted(s.Process.Env) {
+		t.Error("env is not sorted: the generated config would not be stable")
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for id, ok := range map[string]bool{
+		"a": true, "run-0123abcd": true, "A_b-9": true, strings.Repeat("a", 64): true,
+		"": false, "-a": false, "../x": false, "a/b": false, "a b": false, "a\x00": false, strings.Repeat("a", 65): false,
+	} {
+		if validID.MatchString(id) != ok {
+			t.Errorf("validID(%q) = %v, want %v", id, !ok, ok)
+		}
+	}
+}
