@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/executor"
@@ -49,7 +50,8 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		event    = fs.String("event", "", "`JSON` passed to handler(event)")
 		stream   = fs.Bool("stream", false, "copy output to stderr as it happens")
 		rtName   = fs.String("runtime", "", "OCI runtime: runc, crun or runsc (default: the template's)")
-		workdir  = fs.String("workspace", "", "use this host `dir` as /workspace and keep it (default: a fresh, removed afterwards)")
+		workdir  = fs.String("workspace", "", "use this host `dir` as /workspace and keep it (default: a fresh tmpfs of the template's disk quota, removed afterwards)")
+		disk     = fs.String("disk", "", "size of the throwaway workspace, e.g. 256M (default: the template's, 1G)")
 		env      multiFlag
 	)
 	fs.Var(&env, "env", "`KEY=VALUE` set for the execution (repeatable)")
@@ -100,6 +102,14 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		res.MemoryMB = mb
+	}
+	if *disk != "" {
+		mb, err := parseMemory(*disk)
+		if err != nil {
+			fmt.Fprintln(stderr, "sbx run: --disk:", err)
+			return 2
+		}
+		res.DiskMB = mb
 	}
 	if *cpu < 0 || *timeout < 0 {
 		fmt.Fprintln(stderr, "sbx run: --cpu and --timeout must not be negative")
@@ -164,6 +174,15 @@ func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, wor
 			return nil, err
 		}
 		defer os.RemoveAll(workdir)
+		// A throwaway workspace is a tmpfs of the disk quota's size: a
+		// disk filler hits ENOSPC (or, since tmpfs pages are charged to the
+		// writer's memory cgroup, the memory limit) instead of the host's
+		// disk, and nothing is left behind.
+		quota := fmt.Sprintf("size=%dm,mode=0755", res.WithDefaults().DiskMB)
+		if err := syscall.Mount("tmpfs", workdir, "tmpfs", syscall.MS_NOSUID|syscall.MS_NODEV, quota); err != nil {
+			return nil, fmt.Errorf("workspace: %w", err)
+		}
+		defer syscall.Unmount(workdir, syscall.MNT_DETACH)
 	}
 	id := newID("run")
 	// Cleanup must happen even when ctx was cancelled by Ctrl-C.
