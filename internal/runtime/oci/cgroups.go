@@ -92,6 +92,25 @@ func removeCgroupDir(dir string) error {
 	return nil
 }
 
+// frozen reports whether the sandbox's freezer cgroup is frozen (v1
+// freezer.state, or v2 cgroup.events).
+func frozen(parent, id string) bool {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return false
+	}
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		if b, err := os.ReadFile(filepath.Join(dir, "freezer.state")); err == nil {
+			return strings.TrimSpace(string(b)) != "THAWED"
+		}
+		if readKey(filepath.Join(dir, "cgroup.events"), "frozen") == 1 {
+			return true
+		}
+	}
+	return false
+}
+
 // readCgroupStats reads a sandbox's usage from its cgroups (v1 or v2).
 func readCgroupStats(parent, id string) (*runtime.Stats, error) {
 	mounts, err := cgroupMounts()

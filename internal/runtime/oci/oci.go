@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
@@ -289,30 +290,95 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 }
 
 // waitExecutor waits until the executor accepts connections on its socket.
-// Polling is cheap here (the socket appears within milliseconds) and needs
-// nothing from inside the sandbox.
+// Polling is cheap here (the socket appears within milliseconds, and a
+// refused connect costs microseconds) and needs nothing from inside the
+// sandbox.
 func (r *Runtime) waitExecutor(ctx context.Context, id string) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ReadyTimeout)
 	defer cancel()
 	sock := filepath.Join(r.bundle(id), "ctl", "executor.sock")
-	delay := 500 * time.Microsecond
+	delay := 250 * time.Microsecond
 	for {
 		c, err := net.Dial("unix", sock)
 		if err == nil {
 			c.Close()
 			return nil
 		}
+		// A container whose init died will never answer. (runsc's pid file
+		// names the sandbox process, which lives in the cgroup too.)
+		if _, alive := r.initProcess(id); !alive {
+			return fmt.Errorf("sandbox %s: executor exited during start%s: %w", id, r.logTail(id), errdefs.ErrUnavailable)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("sandbox %s: executor did not start: %v%s: %w", id, err, r.logTail(id), errdefs.ErrUnavailable)
 		case <-time.After(delay):
 		}
-		if delay < 20*time.Millisecond {
-			delay *= 2
+		delay = min(2*delay, 2*time.Millisecond)
+	}
+}
+
+// initProcess returns the pid of the sandbox's init process if it is alive.
+// The pid file may be stale after a crash and pids are reused, so the
+// process must also sit in the sandbox's cgroup. A zombie counts as dead:
+// the init of a PID namespace becomes one only after every other process
+// of the namespace is gone, and who reaps it (the host's init, since the
+// runtime detached it) may take its time.
+func (r *Runtime) initProcess(id string) (int, bool) {
+	pid := readPid(r.bundle(id))
+	if pid <= 0 {
+		return 0, false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	if i := bytes.LastIndexByte(stat, ')'); i < 0 || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return 0, false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return 0, false
+	}
+	want := ":" + sandboxCgroup(r.cfg.CgroupParent, id)
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasSuffix(line, want) {
+			return pid, true
 		}
-		// A container whose init died will never answer.
-		if st, err := r.state(ctx, id); err == nil && st.Status == "stopped" {
-			return fmt.Errorf("sandbox %s: executor exited during start%s: %w", id, r.logTail(id), errdefs.ErrUnavailable)
+	}
+	return 0, false
+}
+
+// killInit is the fast way to stop a runc or crun sandbox: SIGKILL its init
+// (the PID namespace dies with it) and watch it go. `runc delete --force`
+// does the same but polls every 100 ms. It reports whether it found the
+// init to kill.
+func (r *Runtime) killInit(ctx context.Context, id string) (bool, error) {
+	if r.name == "runsc" {
+		return false, nil // the sandbox process is gVisor's, not ours to kill
+	}
+	pid, ok := r.initProcess(id)
+	if !ok {
+		return false, nil
+	}
+	if frozen(r.cfg.CgroupParent, id) {
+		// A frozen process cannot die; thaw it so SIGKILL is delivered.
+		if out, err := r.run(ctx, nil, "resume", id); err != nil {
+			return true, fmt.Errorf("sandbox %s: resume to stop: %v: %s", id, err, out)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+		return true, fmt.Errorf("sandbox %s: kill: %w", id, err)
+	}
+	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+		if _, alive := r.initProcess(id); !alive {
+			return true, nil
+		}
+		select {
+		case <-ctx.Done():
+			return true, fmt.Errorf("sandbox %s: waiting for it to stop: %w", id, ctx.Err())
+		case <-time.After(delay):
 		}
 	}
 }
@@ -371,6 +437,9 @@ func (r *Runtime) transition(ctx context.Context, id, verb, from string) error {
 
 // Stop kills every process of the sandbox and waits until it has stopped.
 func (r *Runtime) Stop(ctx context.Context, id string) error {
+	if found, err := r.killInit(ctx, id); found {
+		return err
+	}
 	st, err := r.state(ctx, id)
 	if err != nil {
 		return err
@@ -379,7 +448,6 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	case "stopped":
 		return nil
 	case "paused":
-		// A frozen process cannot die; thaw it so SIGKILL is delivered.
 		if out, err := r.run(ctx, nil, "resume", id); err != nil {
 			return fmt.Errorf("sandbox %s: resume to stop: %v: %s", id, err, out)
 		}
@@ -408,6 +476,9 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if !validID.MatchString(id) {
 		return nil // nothing by that name can exist
+	}
+	if _, err := r.killInit(ctx, id); err != nil {
+		return err
 	}
 	if out, err := r.run(ctx, nil, "delete", "--force", id); err != nil && !notExist(out) {
 		return fmt.Errorf("sandbox %s: %s delete: %v: %s", id, r.name, err, out)
