@@ -2,7 +2,7 @@
 export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X main.version=$(VERSION)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X github.com/sbx-sandbox/sbx/internal/executor.Version=$(VERSION)
 
 .PHONY: all setup build test test-integration bench lint run ci clean
 

@@ -50,7 +50,7 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		event    = fs.String("event", "", "`JSON` passed to handler(event)")
 		stream   = fs.Bool("stream", false, "copy output to stderr as it happens")
 		rtName   = fs.String("runtime", "", "OCI runtime: runc, crun or runsc (default: the template's)")
-		workdir  = fs.String("workspace", "", "use this host `dir` as /workspace and keep it (default: a fresh tmpfs of the template's disk quota, removed afterwards)")
+		workdir  = fs.String("workspace", "", "use this host `dir` as /workspace and keep it; its files become the sandbox user's (host uid 101000) (default: a fresh tmpfs of the template's disk quota, removed afterwards)")
 		disk     = fs.String("disk", "", "size of the throwaway workspace, e.g. 256M (default: the template's, 1G)")
 		env      multiFlag
 	)

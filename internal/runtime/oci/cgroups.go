@@ -180,10 +180,17 @@ func readKey(path, key string) uint64 {
 }
 
 // chownTree makes every entry of dir owned by uid:gid, leaving entries that
-// already are alone (the common case: files the sandbox itself wrote). It
-// does not follow symlinks.
+// already are alone (the common case: files the sandbox itself wrote). The
+// walk is confined to dir with os.Root: a workspace may be shared with a
+// running sandbox, whose code could swap a directory for a symlink to
+// /etc between the walk reading a name and the chown of it.
 func chownTree(dir string, uid, gid int) error {
-	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -194,6 +201,6 @@ func chownTree(dir string, uid, gid int) error {
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
 			return nil
 		}
-		return os.Lchown(p, uid, gid)
+		return root.Lchown(p, uid, gid)
 	})
 }

@@ -1,8 +1,11 @@
 package oci
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -127,5 +130,32 @@ func TestValidID(t *testing.T) {
 		if validID.MatchString(id) != ok {
 			t.Errorf("validID(%q) = %v, want %v", id, !ok, ok)
 		}
+	}
+}
+
+func TestChownTree(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	dir := t.TempDir()
+	outside := filepath.Join(t.TempDir(), "outside")
+	if err := os.WriteFile(outside, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(dir, "a/b"), 0o755)
+	os.WriteFile(filepath.Join(dir, "a/b/f"), nil, 0o644)
+	os.Symlink(outside, filepath.Join(dir, "a/link"))
+	os.Symlink(filepath.Dir(outside), filepath.Join(dir, "dirlink"))
+	if err := chownTree(dir, 101000, 101000); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{".", "a", "a/b", "a/b/f", "a/link", "dirlink"} {
+		fi, err := os.Lstat(filepath.Join(dir, p))
+		if err != nil || fi.Sys().(*syscall.Stat_t).Uid != 101000 {
+			t.Errorf("%s not chowned: %v", p, err)
+		}
+	}
+	if fi, _ := os.Stat(outside); fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Error("chownTree followed a symlink out of the tree")
 	}
 }
