@@ -7,6 +7,9 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // unlimited is where a cgroup v1 limit sits when none is set
@@ -21,6 +24,12 @@ type cgroupReader struct {
 	// dirs maps a v1 controller (memory, cpuacct, pids) to its directory;
 	// for v2 every controller maps to the one unified directory.
 	dirs map[string]string
+
+	// The OOM kill count is read two or three times per execution: its
+	// file stays open and is read with one pread (a cgroup file renders
+	// afresh at offset 0) instead of open, stat, read, read, close.
+	oomOnce sync.Once
+	oomFD   int // -1 if it cannot be opened
 }
 
 // newCgroupReader finds the cgroup directories under root (normally
@@ -97,10 +106,27 @@ func (r *cgroupReader) read() Stats {
 
 // oomKills is how many processes the OOM killer has killed in the cgroup.
 func (r *cgroupReader) oomKills() uint64 {
+	name := "memory.oom_control"
 	if r.version == 2 {
-		return r.keyed("memory", "memory.events", "oom_kill")
+		name = "memory.events"
 	}
-	return r.keyed("memory", "memory.oom_control", "oom_kill")
+	r.oomOnce.Do(func() {
+		r.oomFD = -1
+		if d, ok := r.dirs["memory"]; ok {
+			if fd, err := unix.Open(filepath.Join(d, name), unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+				r.oomFD = fd
+			}
+		}
+	})
+	if r.oomFD < 0 {
+		return r.keyed("memory", name, "oom_kill")
+	}
+	var buf [512]byte
+	n, err := unix.Pread(r.oomFD, buf[:], 0)
+	if err != nil || n <= 0 {
+		return r.keyed("memory", name, "oom_kill")
+	}
+	return keyedValue(buf[:n], "oom_kill")
 }
 
 // memoryLimit is the memory limit in bytes, 0 if none.
@@ -131,7 +157,11 @@ func (r *cgroupReader) uint(ctrl, name string) uint64 {
 
 // keyed reads the value of key from a "key value" per line file.
 func (r *cgroupReader) keyed(ctrl, name, key string) uint64 {
-	for _, line := range strings.Split(string(r.file(ctrl, name)), "\n") {
+	return keyedValue(r.file(ctrl, name), key)
+}
+
+func keyedValue(b []byte, key string) uint64 {
+	for _, line := range strings.Split(string(b), "\n") {
 		k, v, ok := strings.Cut(line, " ")
 		if ok && k == key {
 			n, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)

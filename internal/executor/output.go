@@ -189,14 +189,20 @@ func (c *capture) text(stream int) (string, bool) {
 }
 
 // readBufSize is the size of each pipe read; the buffer is reused, so a run
-// that prints 100 MB allocates it once.
+// that prints 100 MB allocates it once, and pooled, so that runs do not
+// allocate 128 KiB each (garbage collections are thread switches, which
+// are slow on a paravirtualized machine).
 const readBufSize = 64 << 10
+
+var readBufs = sync.Pool{New: func() any { return new([readBufSize]byte) }}
 
 // drain copies r into stream until EOF or error. It never blocks on the
 // client: the process is never slowed down by a slow reader, and output
 // beyond the limit is read and dropped.
 func (c *capture) drain(stream int, r io.Reader) {
-	buf := make([]byte, readBufSize)
+	b := readBufs.Get().(*[readBufSize]byte)
+	defer readBufs.Put(b)
+	buf := b[:]
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -110,15 +111,12 @@ func (e *execution) supervise() {
 	defer e.s.wg.Done()
 	defer e.cancel(nil)
 	s := e.s
-	Trace("supervise.start")
 	var o outcome
 	if e.pc != nil {
 		o = e.pc.run(e)
 	} else {
 		e.begin()
-		Trace("begin.done")
 		o = e.runStateless()
-		Trace("runStateless.done")
 	}
 	res := &Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
 	if e.startedAt.IsZero() { // it never left the context's queue
@@ -137,7 +135,6 @@ func (e *execution) supervise() {
 	delete(s.execs, e.id)
 	s.mu.Unlock()
 	e.res = res
-	Trace("result.ready")
 	close(e.done)
 }
 
@@ -193,22 +190,19 @@ type readers struct {
 
 func (e *execution) startReaders(p *pipes) *readers {
 	rd := &readers{p: p, outputDone: make(chan struct{}), resultDone: make(chan struct{})}
-	outDone := make(chan struct{}, 2)
+	var left atomic.Int32 // the last drain to finish closes outputDone
+	left.Store(2)
 	for i := range 2 {
 		go func() {
 			e.out.drain(i, p.r[i])
-			outDone <- struct{}{}
+			if left.Add(-1) == 0 {
+				close(rd.outputDone)
+			}
 		}()
 	}
 	go func() {
-		<-outDone
-		<-outDone
-		close(rd.outputDone)
-	}()
-	go func() {
 		defer close(rd.resultDone)
 		b, _ := io.ReadAll(io.LimitReader(p.r[2], MaxReturnValueBytes+1<<20))
-		Trace("result.eof")
 		_, _ = io.Copy(io.Discard, p.r[2])
 		rd.result = b
 	}()
@@ -290,7 +284,9 @@ func (e *execution) timeout() time.Duration {
 
 // runStateless runs the code in a fresh child of the zygote.
 func (e *execution) runStateless() outcome {
-	z, err := e.s.readyZygote(e.ctx)
+	// A zygote still importing its preload list gets the request queued:
+	// it forks for it first thing when it is ready.
+	z, err := e.s.liveZygote(e.ctx)
 	if err != nil {
 		return startFailure(e.ctx, err)
 	}
@@ -304,14 +300,12 @@ func (e *execution) runStateless() outcome {
 		return outcome{startErr: err}
 	}
 	rd := e.startReaders(p)
-	Trace("spawn.send")
-	c, err := z.spawn(e.ctx, kindRun, []int{pfd, p.w[0], p.w[1], p.w[2]})
-	Trace("spawn.reply")
+	c, stop, err := z.startRun(e.ctx, []int{pfd, p.w[0], p.w[1], p.w[2]})
 	// Nothing ran yet if the zygote died before it forked: try its
 	// successor rather than fail the run.
 	for try := 0; errors.Is(err, errZygoteDied) && try < 3; try++ {
-		if z, err = e.s.readyZygote(e.ctx); err == nil {
-			c, err = z.spawn(e.ctx, kindRun, []int{pfd, p.w[0], p.w[1], p.w[2]})
+		if z, err = e.s.liveZygote(e.ctx); err == nil {
+			c, stop, err = z.startRun(e.ctx, []int{pfd, p.w[0], p.w[1], p.w[2]})
 		}
 	}
 	unix.Close(pfd)
@@ -321,13 +315,19 @@ func (e *execution) runStateless() outcome {
 		rd.finish(0)
 		return startFailure(e.ctx, err)
 	}
+	defer stop()
 	var o outcome
-	o.timedOut, o.cause = e.waitOrKill(c.exited, c.kill)
-	o.exited, o.ws, o.lost = !c.lost, c.status, c.lost
-	Trace("child.exited")
+	o.timedOut, o.cause = e.waitOrKill(e.runEnded(c, rd), c.kill)
+	select {
+	case <-c.exited:
+		o.exited, o.ws, o.lost = !c.lost, c.status, c.lost
+	default:
+		// Ended by its pidfd after a clean result (runEnded): it exited
+		// with the result's exit code, which judge takes from the result.
+		o.exited = true
+	}
 	rd.finish(exitGrace)
-	Trace("pipes.eof")
-	o.result = rd.result
+	o.result, _ = cleanResult(rd.result)
 	return o
 }
 
@@ -451,7 +451,6 @@ func (e *execution) memoryLimitText() string {
 // handleRun streams an execution's output as NDJSON and ends with its
 // result. The execution is killed if the client goes away first.
 func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
-	Trace("http.handler")
 	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
 	req, err := DecodeRunRequest(body, s.cfg.Workspace)
 	if err != nil {
@@ -494,7 +493,6 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 			if send(e.out.take(true)) == nil && writeEvent(w, Event{Type: "result", Result: e.res}) == nil {
 				_ = rc.Flush()
 			}
-			Trace("http.flushed")
 			return
 		case <-r.Context().Done():
 			e.cancel(errClientGone)

@@ -5,21 +5,24 @@ so that its frames can be told apart from the user's in tracebacks. It
 compiles the code with top-level `return` rewritten into a raise, runs it
 and handler(event), and turns the outcome into a JSON-ready result.
 """
-import asyncio
 import ast
-import inspect
 import json
 import linecache
 import math
 import sys
 import traceback
 import types
+from _collections_abc import Awaitable
 
 # The zygote sets MAX_RETURN before running this file.
 MAX_RETURN = globals().get("MAX_RETURN", 16 << 20)
 
 USER_FILE = "<code>"
 RET = "__sbx_return__"
+# inspect's flags, without importing inspect (and asyncio) into every
+# zygote: only code that awaits needs them, and imports them then.
+CO_COROUTINE = 0x80
+CO_ITERABLE_COROUTINE = 0x100
 
 
 class _Return(BaseException):
@@ -107,16 +110,16 @@ def run(p, g, in_context):
     before = g.get("handler")
     has_value, value = False, None
     try:
-        T("user.start")
-        if co.co_flags & inspect.CO_COROUTINE:
+        if co.co_flags & CO_COROUTINE:
+            import asyncio
             asyncio.run(eval(co, g))
         else:
             exec(co, g)
-        T("user.end")
         h = g.get("handler")
         if callable(h) and (not in_context or h is not before):
             value = h(p.get("event"))
-            if inspect.isawaitable(value):
+            if _isawaitable(value):
+                import asyncio
                 value = asyncio.run(_await(value))
             has_value = True
     except _Return as r:
@@ -154,6 +157,13 @@ def run(p, g, in_context):
 
 async def _await(x):
     return await x
+
+
+def _isawaitable(v):
+    """inspect.isawaitable."""
+    return (isinstance(v, types.CoroutineType)
+            or isinstance(v, types.GeneratorType) and bool(v.gi_code.co_flags & CO_ITERABLE_COROUTINE)
+            or isinstance(v, Awaitable))
 
 
 def _repr(v):
@@ -229,19 +239,14 @@ def jsonable(v, depth=0):
     return _repr(v)
 
 
-def warm_up():
-    """Run a little code the way run does, so that an idle worker takes the
-    copy-on-write faults of the pages every run touches before it has one."""
-    import builtins
-    try:
-        co = _compile("def handler(event):\n    return {'n': len(str(event))}\nx = handler([1, 'a', None])\n")
-        g = {"__builtins__": builtins, RET: _Return}
-        exec(co, g)
-        json.loads(json.dumps(jsonable(g["x"])))
-        _streams()
-    except BaseException:
-        pass
+def warm_finish():
+    """What finish touches, without running anything: the zygote's workers
+    call it in their idle warm-up."""
+    import atexit
+    atexit._ncallbacks()
     linecache.cache.pop(USER_FILE, None)
+    for f in (sys.stdout, sys.stderr):
+        f.flush()
 
 
 def finish():

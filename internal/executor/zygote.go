@@ -18,11 +18,14 @@ import (
 )
 
 // zygoteScript is the Python side; see the protocol in its docstring.
-// runnerScript is what runs user code in a worker; zygote.py loads it from
-// beside itself.
+// workerScript is its other half, what a forked worker runs; runnerScript
+// is what runs user code in a worker. zygote.py loads both from beside
+// itself.
 var (
 	//go:embed zygote.py
 	zygoteScript []byte
+	//go:embed worker.py
+	workerScript []byte
 	//go:embed runner.py
 	runnerScript []byte
 )
@@ -56,6 +59,7 @@ type zygote struct {
 	nextTag  uint64
 	pending  map[uint64]chan spawnReply
 	children map[int]*child
+	idle     []idleWorker // pre-forked run workers, oldest first (see handoff.go)
 }
 
 // logger is the slice of slog the zygote glue needs.
@@ -187,7 +191,6 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 		pending:  make(map[uint64]chan spawnReply),
 		children: make(map[int]*child),
 	}
-	Trace("zygote.startprocess")
 	pid, err := rp.start(func() (int, error) {
 		p, err := os.StartProcess(python, []string{python, "-I", scriptPath, string(cfgJSON)}, &os.ProcAttr{
 			Env: env,
@@ -271,7 +274,6 @@ func closeAll(fds []int) {
 }
 
 func (z *zygote) handle(m *zygoteMsg, fds []int) {
-	Trace("zmsg." + m.Op)
 	switch m.Op {
 	case "ready":
 		z.info = zygoteReady{preloaded: m.Preloaded, errors: m.Errors, python: m.Python}
@@ -294,6 +296,21 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 			return
 		}
 		ch <- spawnReply{child: c}
+	case "worker":
+		// A pre-forked run worker: its channel, then its pidfd.
+		if len(fds) == 0 {
+			z.log.Error("zygote sent a worker without its channel", "pid", m.Pid)
+			return
+		}
+		c := &child{pid: m.Pid, pidfd: -1, exited: make(chan struct{})}
+		if len(fds) > 1 {
+			c.pidfd = fds[1]
+			closeAll(fds[2:])
+		}
+		z.mu.Lock()
+		z.children[m.Pid] = c
+		z.idle = append(z.idle, idleWorker{c: c, ch: fds[0]})
+		z.mu.Unlock()
 	case "spawn_failed":
 		closeAll(fds)
 		z.mu.Lock()
@@ -308,6 +325,7 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 		z.mu.Lock()
 		c := z.children[m.Pid]
 		delete(z.children, m.Pid)
+		z.dropIdleLocked(m.Pid) // it died before it had a run
 		z.mu.Unlock()
 		if c != nil {
 			c.markGone(unix.WaitStatus(m.Status), false)
@@ -344,11 +362,25 @@ func (z *zygote) spawn(ctx context.Context, kind string, fds []int) (*child, err
 		z.mu.Unlock()
 		return nil, fmt.Errorf("%w: %v", errZygoteDied, err)
 	}
+	// The request may wait in the socket while the zygote is still
+	// importing its preload list: bound that, as readyZygote would have.
+	t := time.NewTimer(zygoteWaitMax)
+	defer t.Stop()
 	select {
 	case r := <-ch:
 		return r.child, r.err
 	case <-z.dead:
 		return nil, errZygoteDied
+	case <-t.C:
+		z.mu.Lock()
+		_, still := z.pending[tag]
+		delete(z.pending, tag)
+		z.mu.Unlock()
+		if !still { // the reply raced with the timer: it is in ch
+			r := <-ch
+			return r.child, r.err
+		}
+		return nil, fmt.Errorf("no Python zygote ready after %s: %w", zygoteWaitMax, errdefs.ErrUnavailable)
 	case <-ctx.Done():
 		z.mu.Lock()
 		_, still := z.pending[tag]
@@ -381,6 +413,10 @@ func (z *zygote) die(ws unix.WaitStatus, onDeath func(*zygote)) {
 		z.mu.Lock()
 		children := z.children
 		z.children = map[int]*child{}
+		for _, w := range z.idle {
+			unix.Close(w.ch)
+		}
+		z.idle = nil
 		z.mu.Unlock()
 		close(z.dead)
 		for _, c := range children {

@@ -1,0 +1,395 @@
+"""sbx worker: the half of zygote.py that a forked worker runs.
+
+zygote.py executes this file into its own namespace (see _include_worker
+there): it shares the zygote's configuration, constants and messages. A
+worker sets itself up (privileges, seccomp), warms up while idle, then
+serves one run (or, for a context, runs until its channel closes).
+"""
+
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+SECCOMP_MODE_FILTER = 2
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+# prctl is variadic: pass every argument as an unsigned long. The function
+# object and everything below that ctypes would build on a first call are
+# built here, once: in a worker each new object costs copy-on-write faults.
+_prctl = libc.prctl
+_prctl.restype = ctypes.c_int
+_prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+_capset = libc.capset
+
+
+def prctl(option, a2=0, a3=0, a4=0, a5=0):
+    return _prctl(option, a2, a3, a4, a5)
+
+
+def _read_filter():
+    path = CFG.get("seccomp_file") or ""
+    if not path:
+        return b""
+    with open(path, "rb") as f:
+        prog = f.read()
+    if not prog or len(prog) % 8:
+        raise ValueError("seccomp filter %s: %d bytes is not a sock_filter array" % (path, len(prog)))
+    return prog
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+# Read while still root: the file lives in the root-only control directory.
+FILTER = _read_filter()
+_FILTER_BUF = ctypes.create_string_buffer(FILTER, len(FILTER))
+_FPROG = _SockFprog(len(FILTER) // 8, ctypes.cast(_FILTER_BUF, ctypes.c_void_p))
+# capset's header (this process) and data: every set empty.
+_CAP_HDR = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+_CAP_DATA = (ctypes.c_uint32 * 6)()
+
+
+# A pre-forked worker's idle warm-up: the common core of zygote.py's
+# WARM_UPS, kept cheap, since every page it touches becomes the worker's own
+# copy (its memory while idle).
+WORKER_WARM_UPS = {
+    "numpy": [
+        "import numpy as np",
+        "a = np.arange(12, dtype=float).reshape(3, 4); a.sum(axis=0).tolist(); a.mean()",
+    ],
+    "pandas": [
+        "import pandas as pd",
+        "d = pd.DataFrame({'a': range(100), 'b': [1.5] * 100})",
+        "float((d.a * d.b).mean())",
+        "d.to_dict(orient='records')",
+    ],
+}
+
+
+def worker_main(kind, chan_fd, settle_fd=-1):
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # 0, 1 = /dev/null; 2 stays the executor's log until the run (a crash
+    # of the worker's own code is worth a traceback there); 3 = channel;
+    # 4 = /dev/null holding RES_FD's place, so that received descriptors
+    # never land on it; 5 = the settle pipe of a pre-forked worker.
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.dup2(chan_fd, CTL_FD, inheritable=False)
+    os.dup2(null, RES_FD, inheritable=False)
+    if settle_fd >= 0:
+        os.dup2(settle_fd, SETTLE_FD, inheritable=False)
+    os.closerange(SETTLE_FD + 1 if settle_fd >= 0 else RES_FD + 1, 1 << 30)
+    chan = socket.socket(fileno=CTL_FD)
+    setup_error = None
+    try:
+        become_user()
+    except BaseException as e:
+        setup_error = "cannot drop privileges: %s" % e
+    if kind == "context":
+        if setup_error:
+            send(chan, {"op": "error", "error": setup_error})
+            os._exit(70)
+        context_loop(chan)
+        return
+    if not setup_error and not pending(chan):
+        warm_up(chan)
+    if settle_fd >= 0:
+        os.close(SETTLE_FD)  # set up: the zygote may fork the next one
+    msg, fds = recv(chan)
+    if msg is None or msg.get("op") != "run" or len(fds) != 4:
+        os._exit(0)  # the zygote went away before handing us a run
+    payload_fd, out_fd, err_fd, res_fd = fds
+    os.dup2(res_fd, RES_FD, inheritable=False)
+    if setup_error:
+        write_result({"exit_code": 70, "error": executor_error(setup_error)})
+        os._exit(70)
+    os.dup2(out_fd, 1)
+    os.dup2(err_fd, 2)
+    try:
+        p = read_payload(payload_fd)
+    except BaseException as e:  # RecursionError for an event nested too deep
+        write_result({"exit_code": 70, "error": executor_error("cannot read the request: %s: %s" % (type(e).__name__, e))})
+        os._exit(70)
+    close_all([payload_fd, out_fd, err_fd, res_fd])
+    run_once(p)
+
+
+def pending(chan):
+    return bool(select.select([chan], [], [], 0)[0])
+
+
+# What a worker runs in its idle warm-up, the way it would run a request.
+REHEARSAL = "print(1)\ndef handler(event):\n    return {'n': len(str(event)), 'ok': True}\n"
+
+
+def warm_up(chan):
+    """Idle time: take the copy-on-write faults of the pages a run touches
+    now rather than during the run (each costs tens of microseconds on a
+    virtualized machine): rehearse a whole run on /dev/null, then the
+    template's warm-ups (a small DataFrame for pandas). A run that comes
+    meanwhile waits for one step at most."""
+    try:
+        rehearse()
+    except BaseException:
+        pass
+    for name, code in WORKER_WARM_UPS.items():
+        if name not in PRELOADED:
+            continue
+        g = {}
+        for stmt in code:
+            if pending(chan):
+                return
+            try:
+                exec(stmt, g)
+            except BaseException:
+                break
+
+
+def rehearse():
+    """A run of REHEARSAL through the same steps as a request: the message
+    and its descriptors, the payload, the run, the result (RES_FD is
+    /dev/null until the run), interpreter exit's modules."""
+    p = {"language": "python", "code": REHEARSAL, "event": [1, "a", None], "env": dict(os.environ), "cwd": "/"}
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    mfd = os.memfd_create("sbx-rehearsal", os.MFD_CLOEXEC)
+    try:
+        os.write(mfd, json.dumps(p).encode())
+        socket.send_fds(a, [RUN_MSG], [mfd, 0, 0, 0])
+        _, fds = recv(b)
+        close_all(fds[1:])
+        p = read_payload(fds[0])
+        os.close(fds[0])
+    finally:
+        a.close()
+        b.close()
+        os.close(mfd)
+    prepare(p)
+    write_result(RUNNER.run(p, RUNNER.new_main_module().__dict__, False), close=False)
+    RUNNER.warm_finish()
+
+
+def read_payload(fd):
+    size = os.fstat(fd).st_size
+    chunks, off = [], 0
+    while off < size:
+        b = os.pread(fd, size - off, off)
+        if not b:
+            break
+        chunks.append(b)
+        off += len(b)
+    return json.loads(b"".join(chunks))
+
+
+def drop_inherited_caps():
+    """In the zygote, once: empty the bounding and ambient sets, which every
+    worker inherits. They only bound what an execve could gain; the zygote
+    never execs and keeps its own permitted set. Returns whether it worked
+    (if not, each worker drops them itself)."""
+    try:
+        drop_bounding_and_ambient()
+        got = status_fields(("CapBnd", "CapAmb"))
+        return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "0"), 16) == 0
+    except (OSError, ValueError):
+        return False
+
+
+def drop_bounding_and_ambient():
+    fd = os.open("/proc/sys/kernel/cap_last_cap", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        last = int(os.read(fd, 64))
+    finally:
+        os.close(fd)
+    for cap in range(last + 1):
+        if prctl(PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() != errno.EINVAL:
+            _fail("PR_CAPBSET_DROP %d" % cap)
+    # gVisor has no ambient set (EINVAL); check_status verifies it is empty.
+    if prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) != 0 and ctypes.get_errno() != errno.EINVAL:
+        _fail("PR_CAP_AMBIENT_CLEAR_ALL")
+
+
+def become_user():
+    # Raw descriptors, not file objects: fewer objects, fewer faults.
+    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, b"1000")  # the OOM killer picks user code, never the zygote
+    finally:
+        os.close(fd)
+    os.setsid()
+    if not INHERITED_CAPS_DROPPED:
+        drop_bounding_and_ambient()
+    os.setgroups([])
+    os.setresgid(GID, GID, GID)
+    os.setresuid(UID, UID, UID)
+    # setresuid away from 0 clears the permitted, effective and ambient
+    # sets but not the inheritable one.
+    if _capset(_CAP_HDR, _CAP_DATA) != 0:
+        _fail("capset")
+    if prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
+        _fail("PR_SET_NO_NEW_PRIVS")
+    # Changing uid made us non-dumpable, which makes /proc/self/* root-owned
+    # and unreadable to the user's own code (subprocess lists /proc/self/fd).
+    prctl(PR_SET_DUMPABLE, 1)
+    # Changing uid also cleared the parent-death signal: an idle worker must
+    # not outlive its zygote. (If the zygote is already gone, the executor
+    # kills the workers it knows of; one it never heard of finds its
+    # channel closed and exits at its first read.)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    check_status()
+    if FILTER:
+        if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(_FPROG)) != 0:
+            _fail("PR_SET_SECCOMP")
+    elif CFG.get("require_seccomp", True):
+        raise RuntimeError("no inner seccomp filter configured")
+
+
+STATUS_WANT = {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0, "CapAmb": 0, "NoNewPrivs": 1}
+
+
+def status_fields(keys):
+    """The given fields of /proc/self/status, as text."""
+    fd = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, 1 << 16).decode()
+    finally:
+        os.close(fd)
+    out = {}
+    for line in data.split("\n"):
+        key, _, val = line.partition(":")
+        if key in keys:
+            out[key] = val.strip()
+    return out
+
+
+def check_status():
+    got = status_fields(("Uid", "Gid", "Groups") + tuple(STATUS_WANT))
+    # (A field the kernel does not show, as gVisor may not, is not checked.)
+    for key, want in STATUS_WANT.items():
+        val = got.get(key)
+        if val is not None and int(val.split()[0], 16 if key.startswith("Cap") else 10) != want:
+            raise RuntimeError("%s is %s after dropping privileges" % (key, val))
+    for key, want in (("Uid", UID), ("Gid", GID)):
+        if key in got and set(got[key].split()) != {str(want)}:
+            raise RuntimeError("%s is %s after dropping privileges" % (key, got[key]))
+    if got.get("Groups", ""):
+        raise RuntimeError("supplementary groups %s kept" % got["Groups"])
+
+
+def executor_error(msg):
+    return {"type": "ExecutorError", "message": msg, "traceback": ""}
+
+
+def write_result(res, close=True):
+    """Write the result and (if close) close the pipe.
+    res["return_value"], if any, is JSON text already and is spliced in."""
+    rv = res.pop("return_value", None)
+    data = json.dumps(res)  # ensure_ascii: lone surrogates survive
+    if rv is not None:
+        data = data[:-1] + ', "return_value": ' + rv + "}"
+    write_all(data.encode())
+    if close:
+        close_result()
+
+
+def write_all(b):
+    while b:
+        n = os.write(RES_FD, b)
+        b = b[n:]
+
+
+def close_result():
+    """Close the result pipe (its EOF ends a context run), keeping the slot
+    taken (see worker_main)."""
+    try:
+        os.dup2(0, RES_FD, inheritable=False)
+    except OSError:
+        os.close(RES_FD)
+
+
+def prepare(p):
+    """Environment and working directory of one run; an error dict or None."""
+    os.environ.clear()
+    os.environ.update(p.get("env") or {})
+    try:
+        os.chdir(p["cwd"])
+    except OSError as e:
+        return {"type": type(e).__name__, "message": "cwd %s: %s" % (p["cwd"], e.strerror), "traceback": ""}
+    return None
+
+
+def run_once(p):
+    err = prepare(p)
+    if err is not None:
+        write_result({"exit_code": 1, "error": err})
+        os._exit(1)
+    if p["language"] == "bash":
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)  # Python ignores them; exec would keep that
+        try:
+            os.execve(BASH, [BASH, "--noprofile", "--norc", "-c", p["code"]], os.environ)
+        except OSError as e:
+            write_result({"exit_code": 127, "error": executor_error("exec %s: %s" % (BASH, e))})
+            os._exit(127)
+    res = RUNNER.run(p, RUNNER.new_main_module().__dict__, False)
+    code = res["exit_code"]
+    write_result(res, close=False)
+    RUNNER.finish()
+    # From here on this process only exits, with the result's exit code: the
+    # NUL says so (a crash or os._exit in the threads or atexit handlers
+    # above leaves it out, and the executor waits for the wait status).
+    # Daemon threads die with the process as at any interpreter exit.
+    write_all(b"\0")
+    close_result()
+    os._exit(code & 0xFF)
+
+
+def context_loop(chan):
+    module = RUNNER.new_main_module()
+    null = os.open("/dev/null", os.O_RDWR)
+    os.dup2(null, 2)
+    send(chan, {"op": "ready"})
+    while True:
+        msg, fds = recv(chan)
+        if msg is None:
+            os._exit(0)
+        if msg.get("op") != "run" or len(fds) != 4:
+            close_all(fds)
+            continue
+        payload_fd, out_fd, err_fd, res_fd = fds
+        try:
+            p = read_payload(payload_fd)
+        except BaseException as e:
+            p = None
+            perr = executor_error("cannot read the request: %s: %s" % (type(e).__name__, e))
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        os.dup2(res_fd, RES_FD, inheritable=False)
+        close_all([payload_fd, out_fd, err_fd, res_fd])
+        err = perr if p is None else prepare(p)
+        if err is not None:
+            res = {"exit_code": 1, "error": err}
+        else:
+            res = RUNNER.run(p, module.__dict__, True)
+        # Let go of the output pipes before the result, so that the result's
+        # EOF means the run's output is complete too.
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except BaseException:
+                pass
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        write_result(res)
+
+
