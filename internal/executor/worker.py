@@ -214,6 +214,59 @@ def drop_bounding_and_ambient():
         _fail("PR_CAP_AMBIENT_CLEAR_ALL")
 
 
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+CLONE_NEWNS = 0x00020000
+
+
+def proc_overmounts():
+    """The container runtime's masks over /proc (maskedPaths: /dev/null or
+    a read-only tmpfs over a path; readonlyPaths: the path bound onto itself
+    read-only), read once from our mount table, so that a worker's own
+    /proc can be given the same ones."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            point = fields[4].replace("\\040", " ")
+            if not point.startswith("/proc/"):
+                continue
+            fstype = fields[fields.index("-") + 1]
+            out.append((point, fstype == "proc"))
+    return out
+
+
+def _mount(src, target, fstype, flags, data=None):
+    enc = lambda s: s.encode() if s is not None else None
+    if libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
+        _fail("mount %s on %s" % (fstype or src, target))
+
+
+def own_proc(overmounts):
+    """Give this worker (PID 1 of a fresh PID namespace) a mount namespace
+    with a /proc of that PID namespace: code sees its own processes only,
+    so it cannot read another execution's (or a warm worker's) memory,
+    environment or root through /proc, although they run as the same uid."""
+    if libc.unshare(CLONE_NEWNS) != 0:
+        _fail("unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for path, readonly in overmounts:
+        if not os.path.exists(path):
+            continue
+        if readonly:
+            _mount(path, path, None, MS_BIND | MS_REC)
+            _mount(None, path, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        elif os.path.isdir(path):
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=0")
+        else:
+            _mount("/dev/null", path, None, MS_BIND)
+
+
+# Read once, in the zygote (this file runs in its namespace at start).
+PROC_OVERMOUNTS = proc_overmounts()
+
+
 def become_user():
     # Raw descriptors, not file objects: fewer objects, fewer faults.
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
@@ -222,6 +275,7 @@ def become_user():
     finally:
         os.close(fd)
     os.setsid()
+    own_proc(PROC_OVERMOUNTS)
     if not INHERITED_CAPS_DROPPED:
         drop_bounding_and_ambient()
     os.setgroups([])

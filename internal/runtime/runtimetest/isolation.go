@@ -206,6 +206,45 @@ return ' '.join(res)`))
 		s.MustRun(t, "bash", "rm -f /tmp/fill")
 	})
 
+	t.Run("CrossExecution", func(t *testing.T) {
+		// Executions in one sandbox run as the same uid; their own PID
+		// namespace must also hide them from each other, /proc included,
+		// or one could read or write another's memory, environment and
+		// mount namespace (and a warm worker's, the next execution's).
+		marker := fmt.Sprintf("sbx-cross-%d", time.Now().UnixNano())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.Client.Run(ctx, executor.RunRequest{ID: marker, Language: "bash", Env: map[string]string{"SECRET": marker},
+				Code: "exec -a " + marker + " sleep 30", TimeoutMs: 30000}, nil)
+		}()
+		defer func() { cancel(); <-done }()
+		for i := 0; i < 500 && hostUIDOf(marker) == ""; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		out := returnString(t, s.MustRun(t, "python", fmt.Sprintf(`
+import os
+mine = os.getpid()
+seen = []
+for p in os.listdir('/proc'):
+    if not p.isdigit() or int(p) == mine:
+        continue
+    for f in ('cmdline', 'environ', 'mem', 'root/workspace'):
+        try:
+            if f == 'root/workspace':
+                os.listdir('/proc/%%s/%%s' %% (p, f))
+            else:
+                open('/proc/%%s/%%s' %% (p, f), 'rb').read(64)
+            seen.append(p + '/' + f)
+        except OSError:
+            pass
+return ' '.join(seen) or 'none'`)))
+		if out != "none" {
+			t.Errorf("another execution's /proc entries are readable: %s (marker %s)", out, marker)
+		}
+	})
+
 	t.Run("LeftBehind", func(t *testing.T) {
 		s.MustRun(t, "bash", "setsid nohup sleep 1001 >/dev/null 2>&1 < /dev/null & disown; echo started")
 		s.MustRun(t, "python", `
