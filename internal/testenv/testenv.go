@@ -135,3 +135,22 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// M is what TestMain receives (and goleak.VerifyTestMain takes).
+type M interface{ Run() int }
+
+// WithCleanup wraps a TestMain's m so that the process-wide environment
+// (state dirs, executor binary) is removed after the tests:
+//
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(testenv.WithCleanup(m)) }
+func WithCleanup(m M) M { return cleanupM{m} }
+
+type cleanupM struct{ m M }
+
+func (c cleanupM) Run() int {
+	code := c.m.Run()
+	if shared != nil {
+		os.RemoveAll(filepath.Dir(shared.StateRoot))
+	}
+	return code
+}
