@@ -400,39 +400,30 @@ func (s *Server) setZygote(z *zygote, err error) {
 const zygoteWaitMax = 60 * time.Second
 
 // readyZygote returns a running zygote that has finished its preload,
-// waiting for one if needed.
+// waiting (up to zygoteWaitMax in all) for one if needed.
 func (s *Server) readyZygote(ctx context.Context) (*zygote, error) {
-	t := time.NewTimer(zygoteWaitMax)
-	defer t.Stop()
+	deadline := time.Now().Add(zygoteWaitMax)
 	for {
-		s.mu.Lock()
-		z, changed, zerr := s.zyg, s.zygChanged, s.zygErr
-		s.mu.Unlock()
-		var ready, dead <-chan struct{}
-		if z != nil {
-			ready, dead = z.ready, z.dead
+		z, err := s.zygoteBy(ctx, deadline)
+		if err != nil {
+			return nil, err
 		}
+		t := time.NewTimer(time.Until(deadline))
 		select {
-		case <-ready:
-			if !z.isDead() {
-				return z, nil
-			}
-		case <-dead:
-		case <-changed:
+		case <-z.ready:
+		case <-z.dead: // zygoteBy waits for its successor
 		case <-ctx.Done():
-			return nil, context.Cause(ctx)
 		case <-t.C:
-			return nil, fmt.Errorf("no Python zygote ready after %s (last error: %v): %w", zygoteWaitMax, zerr, errdefs.ErrUnavailable)
 		}
-		// A dead zygote's channel stays closed: wait for the next change.
-		if z != nil && z.isDead() {
-			select {
-			case <-changed:
-			case <-ctx.Done():
-				return nil, context.Cause(ctx)
-			case <-t.C:
-				return nil, fmt.Errorf("no Python zygote ready after %s (last error: %v): %w", zygoteWaitMax, zerr, errdefs.ErrUnavailable)
-			}
+		t.Stop()
+		if z.isReady() {
+			return z, nil
+		}
+		if err := context.Cause(ctx); err != nil {
+			return nil, err
+		}
+		if !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("no Python zygote ready after %s: %w", zygoteWaitMax, errdefs.ErrUnavailable)
 		}
 	}
 }
@@ -440,7 +431,13 @@ func (s *Server) readyZygote(ctx context.Context) (*zygote, error) {
 // liveZygote returns the running zygote, ready or still importing its
 // preload list, waiting (up to zygoteWaitMax) while there is none.
 func (s *Server) liveZygote(ctx context.Context) (*zygote, error) {
-	t := time.NewTimer(zygoteWaitMax)
+	return s.zygoteBy(ctx, time.Now().Add(zygoteWaitMax))
+}
+
+// zygoteBy returns the running zygote, waiting until deadline while there
+// is none (first start, or a restart after a crash).
+func (s *Server) zygoteBy(ctx context.Context, deadline time.Time) (*zygote, error) {
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	for {
 		s.mu.Lock()

@@ -430,6 +430,16 @@ func (z *zygote) die(ws unix.WaitStatus, onDeath func(*zygote)) {
 	})
 }
 
+// isReady reports whether the zygote finished its preload and still runs.
+func (z *zygote) isReady() bool {
+	select {
+	case <-z.ready:
+		return !z.isDead()
+	default:
+		return false
+	}
+}
+
 // isDead reports whether the zygote's exit was reaped.
 func (z *zygote) isDead() bool {
 	select {
