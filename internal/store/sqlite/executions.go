@@ -1,0 +1,169 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+const executionColumns = `id, tenant, session_id, status, language, conversation_id, context_id, request, result,
+	created_at, started_at, finished_at`
+
+// CreateExecution implements store.Store.
+func (s *Store) CreateExecution(ctx context.Context, x *store.Execution) error {
+	args, err := executionArgs(x)
+	if err != nil {
+		return err
+	}
+	_, err = s.w.ExecContext(ctx, `INSERT INTO executions (`+executionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+	if isDuplicate(err) {
+		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrAlreadyExists)
+	}
+	if err != nil {
+		return dbErr(fmt.Sprintf("create execution %q", x.ID), err)
+	}
+	return nil
+}
+
+// UpdateExecution implements store.Store.
+func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
+	args, err := executionArgs(x)
+	if err != nil {
+		return err
+	}
+	// The key goes last, for the WHERE.
+	args = append(args[2:], x.ID, x.Tenant)
+	res, err := s.w.ExecContext(ctx, `UPDATE executions SET session_id = ?, status = ?, language = ?, conversation_id = ?,
+		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?
+		WHERE id = ? AND tenant = ?`, args...)
+	if err != nil {
+		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
+	} else if n == 0 {
+		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// GetExecution implements store.Store.
+func (s *Store) GetExecution(ctx context.Context, tenant, id string) (*store.Execution, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT `+executionColumns+` FROM executions WHERE id = ? AND tenant = ?`, id, tenant)
+	x, err := scanExecution(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("execution %q: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("get execution %q", id), err)
+	}
+	return x, nil
+}
+
+// ListExecutions implements store.Store.
+func (s *Store) ListExecutions(ctx context.Context, tenant, sessionID string, limit int, pageToken string) ([]*store.Execution, string, error) {
+	limit, err := store.PageSize(limit)
+	if err != nil {
+		return nil, "", err
+	}
+	q := `SELECT ` + executionColumns + ` FROM executions WHERE tenant = ? AND session_id = ?`
+	args := []any{tenant, sessionID}
+	if pageToken != "" {
+		at, id, err := store.DecodePageToken(pageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		q += ` AND (created_at, id) < (?, ?)`
+		args = append(args, at.UnixMicro(), id)
+	}
+	// One more than a page tells whether there is a next one.
+	q += ` ORDER BY created_at DESC, id DESC LIMIT ?`
+	args = append(args, limit+1)
+	out, err := s.queryExecutions(ctx, q, args...)
+	if err != nil {
+		return nil, "", dbErr(fmt.Sprintf("list executions of session %q", sessionID), err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		last := out[limit-1]
+		next = store.EncodePageToken(last.CreatedAt, last.ID)
+	}
+	return out, next, nil
+}
+
+// ListUnfinishedExecutions implements store.Store.
+func (s *Store) ListUnfinishedExecutions(ctx context.Context) ([]*store.Execution, error) {
+	out, err := s.queryExecutions(ctx, `SELECT `+executionColumns+` FROM executions
+		WHERE status IN ('pending', 'running') ORDER BY created_at, id`)
+	if err != nil {
+		return nil, dbErr("list unfinished executions", err)
+	}
+	return out, nil
+}
+
+// CountExecutions implements store.Store.
+func (s *Store) CountExecutions(ctx context.Context) (map[string]int, error) {
+	return s.countByStatus(ctx, "executions")
+}
+
+// DeleteExecutions implements store.Store.
+func (s *Store) DeleteExecutions(ctx context.Context, tenant, sessionID string) error {
+	if _, err := s.w.ExecContext(ctx, `DELETE FROM executions WHERE tenant = ? AND session_id = ?`, tenant, sessionID); err != nil {
+		return dbErr(fmt.Sprintf("delete executions of session %q", sessionID), err)
+	}
+	return nil
+}
+
+func (s *Store) queryExecutions(ctx context.Context, q string, args ...any) ([]*store.Execution, error) {
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []*store.Execution
+	for rows.Next() {
+		x, err := scanExecution(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, x)
+	}
+	return out, rows.Err()
+}
+
+// executionArgs checks x and returns its columns in executionColumns order.
+func executionArgs(x *store.Execution) ([]any, error) {
+	if x == nil {
+		return nil, fmt.Errorf("execution: nil: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := required("execution", "tenant", x.Tenant, "id", x.ID, "session id", x.SessionID); err != nil {
+		return nil, err
+	}
+	if x.CreatedAt.IsZero() {
+		return nil, fmt.Errorf("execution %q: created_at is required: %w", x.ID, errdefs.ErrInvalidArgument)
+	}
+	return []any{
+		x.ID, x.Tenant, x.SessionID, x.Status, x.Language, x.ConversationID, x.ContextID, rawJSON(x.Request), rawJSON(x.Result),
+		micros(x.CreatedAt), micros(x.StartedAt), micros(x.FinishedAt),
+	}, nil
+}
+
+func scanExecution(row interface{ Scan(...any) error }) (*store.Execution, error) {
+	var (
+		x                          store.Execution
+		req, res                   []byte
+		created, started, finished sql.NullInt64
+	)
+	if err := row.Scan(&x.ID, &x.Tenant, &x.SessionID, &x.Status, &x.Language, &x.ConversationID, &x.ContextID, &req, &res,
+		&created, &started, &finished); err != nil {
+		return nil, err
+	}
+	x.Request, x.Result = fromRawJSON(req), fromRawJSON(res)
+	x.CreatedAt, x.StartedAt, x.FinishedAt = fromMicros(created), fromMicros(started), fromMicros(finished)
+	return &x, nil
+}

@@ -1,0 +1,117 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// migrations[i] takes the schema from version i to i+1; PRAGMA user_version
+// holds the version a file is at. Append to change the schema; never edit
+// an entry a release has shipped.
+var migrations = []string{
+	// 1: the first schema.
+	//
+	// Times are INTEGER microseconds since the epoch, NULL when zero.
+	// WITHOUT ROWID: every table is looked up by its text primary key, so
+	// clustering the rows on it saves a second b-tree lookup.
+	`
+CREATE TABLE sessions (
+	tenant           TEXT NOT NULL,
+	id               TEXT NOT NULL,
+	status           TEXT NOT NULL,
+	template_id      TEXT NOT NULL,
+	sandbox_id       TEXT NOT NULL,
+	error_message    TEXT NOT NULL,
+	metadata         TEXT NOT NULL, -- JSON object: what reads return
+	config           BLOB,
+	created_at       INTEGER NOT NULL,
+	updated_at       INTEGER,
+	last_activity_at INTEGER,
+	expires_at       INTEGER,
+	PRIMARY KEY (tenant, id)
+) WITHOUT ROWID;
+CREATE INDEX sessions_by_created ON sessions (tenant, created_at, id);
+CREATE INDEX sessions_by_status ON sessions (tenant, status, created_at, id);
+
+-- session_metadata repeats sessions.metadata one pair a row, and the
+-- session's created_at, so that the sessions with a pair, newest first, are
+-- a walk of one index that stops when the page is full: no scan of the
+-- tenant's sessions, no sort of the matches.
+CREATE TABLE session_metadata (
+	tenant     TEXT NOT NULL,
+	session_id TEXT NOT NULL,
+	key        TEXT NOT NULL,
+	value      TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant, session_id, key)
+) WITHOUT ROWID;
+CREATE INDEX session_metadata_by_pair ON session_metadata (tenant, key, value, created_at, session_id);
+
+CREATE TABLE executions (
+	id              TEXT NOT NULL PRIMARY KEY,
+	tenant          TEXT NOT NULL,
+	session_id      TEXT NOT NULL,
+	status          TEXT NOT NULL,
+	language        TEXT NOT NULL,
+	conversation_id TEXT NOT NULL,
+	context_id      TEXT NOT NULL,
+	request         BLOB,
+	result          BLOB,
+	created_at      INTEGER NOT NULL,
+	started_at      INTEGER,
+	finished_at     INTEGER
+) WITHOUT ROWID;
+CREATE INDEX executions_by_session ON executions (tenant, session_id, created_at, id);
+-- Counting by status and finding the unfinished at start read only this.
+CREATE INDEX executions_by_status ON executions (status);
+
+CREATE TABLE uploads (
+	tenant          TEXT NOT NULL,
+	session_id      TEXT NOT NULL,
+	path            TEXT NOT NULL,
+	conversation_id TEXT NOT NULL,
+	size            INTEGER NOT NULL,
+	sha256          TEXT NOT NULL,
+	created_at      INTEGER,
+	PRIMARY KEY (tenant, session_id, path)
+) WITHOUT ROWID;
+CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversation_id, path);
+`,
+}
+
+// migrate brings the schema to the newest version. It runs in one
+// IMMEDIATE transaction, so two processes opening a new file at once
+// migrate it once.
+func migrate(ctx context.Context, db *sql.DB) error {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return dbErr("migrate", err)
+	}
+	defer tx.Rollback()
+	var v int
+	if err := tx.QueryRowContext(ctx, `PRAGMA user_version`).Scan(&v); err != nil {
+		return dbErr("migrate", err)
+	}
+	if v > len(migrations) {
+		return fmt.Errorf("schema version %d is newer than this binary's %d: %w", v, len(migrations), errdefs.ErrFailedPrecondition)
+	}
+	if v == len(migrations) {
+		return nil
+	}
+	for i := v; i < len(migrations); i++ {
+		if _, err := tx.ExecContext(ctx, migrations[i]); err != nil {
+			return dbErr(fmt.Sprintf("migrate to version %d", i+1), err)
+		}
+	}
+	// PRAGMA takes no parameters; the value is an int.
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, len(migrations))); err != nil {
+		return dbErr("migrate", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return dbErr("migrate", err)
+	}
+	return nil
+}

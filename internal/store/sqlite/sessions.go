@@ -1,0 +1,274 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+const sessionColumns = `tenant, id, status, template_id, sandbox_id, error_message, metadata, config,
+	created_at, updated_at, last_activity_at, expires_at`
+
+// CreateSession implements store.Store.
+func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
+	args, err := sessionArgs(sess)
+	if err != nil {
+		return err
+	}
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO sessions (`+sessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		if isDuplicate(err) {
+			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrAlreadyExists)
+		}
+		if err != nil {
+			return err
+		}
+		return putMetadata(ctx, tx, sess)
+	})
+	if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		return dbErr(fmt.Sprintf("create session %q", sess.ID), err)
+	}
+	return err
+}
+
+// GetSession implements store.Store.
+func (s *Store) GetSession(ctx context.Context, tenant, id string) (*store.Session, error) {
+	row := s.r.QueryRowContext(ctx, `SELECT `+sessionColumns+` FROM sessions WHERE tenant = ? AND id = ?`, tenant, id)
+	sess, err := scanSession(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("session %q: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("get session %q", id), err)
+	}
+	return sess, nil
+}
+
+// UpdateSession implements store.Store.
+func (s *Store) UpdateSession(ctx context.Context, sess *store.Session) error {
+	args, err := sessionArgs(sess)
+	if err != nil {
+		return err
+	}
+	// The key goes last, for the WHERE.
+	args = append(args[2:], sess.Tenant, sess.ID)
+	err = s.write(ctx, func(tx *sql.Tx) error {
+		res, err := tx.ExecContext(ctx, `UPDATE sessions SET status = ?, template_id = ?, sandbox_id = ?, error_message = ?,
+			metadata = ?, config = ?, created_at = ?, updated_at = ?, last_activity_at = ?, expires_at = ?
+			WHERE tenant = ? AND id = ?`, args...)
+		if err != nil {
+			return err
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return err
+		} else if n == 0 {
+			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrNotFound)
+		}
+		if _, err := tx.ExecContext(ctx, `DELETE FROM session_metadata WHERE tenant = ? AND session_id = ?`, sess.Tenant, sess.ID); err != nil {
+			return err
+		}
+		return putMetadata(ctx, tx, sess)
+	})
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return dbErr(fmt.Sprintf("update session %q", sess.ID), err)
+	}
+	return err
+}
+
+// DeleteSession implements store.Store.
+func (s *Store) DeleteSession(ctx context.Context, tenant, id string) error {
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		for _, q := range []string{
+			`DELETE FROM sessions WHERE tenant = ? AND id = ?`,
+			`DELETE FROM session_metadata WHERE tenant = ? AND session_id = ?`,
+			`DELETE FROM executions WHERE tenant = ? AND session_id = ?`,
+			`DELETE FROM uploads WHERE tenant = ? AND session_id = ?`,
+		} {
+			if _, err := tx.ExecContext(ctx, q, tenant, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return dbErr(fmt.Sprintf("delete session %q", id), err)
+	}
+	return nil
+}
+
+// ListSessions implements store.Store.
+func (s *Store) ListSessions(ctx context.Context, f store.SessionFilter) ([]*store.Session, string, error) {
+	if f.Tenant == "" {
+		return nil, "", fmt.Errorf("list sessions: tenant is required: %w", errdefs.ErrInvalidArgument)
+	}
+	limit, err := store.PageSize(f.Limit)
+	if err != nil {
+		return nil, "", err
+	}
+	var q strings.Builder
+	var args []any
+	if len(f.Metadata) == 0 {
+		q.WriteString(`SELECT ` + sessionColumns + ` FROM sessions WHERE tenant = ?`)
+		args = append(args, f.Tenant)
+	} else {
+		// The first pair's index yields its sessions in page order (it
+		// holds created_at), and CROSS JOIN makes SQLite start from it:
+		// left to itself it walks all the tenant's sessions and tests each,
+		// 10,000 row lookups for a filter that matches ten. The other
+		// pairs are tested per session.
+		keys := slices.Sorted(maps.Keys(f.Metadata)) // one filter, one statement
+		q.WriteString(`SELECT ` + prefixed("s.", sessionColumns) + ` FROM session_metadata AS m
+			CROSS JOIN sessions AS s ON s.tenant = m.tenant AND s.id = m.session_id
+			WHERE m.tenant = ? AND m.key = ? AND m.value = ?`)
+		args = append(args, f.Tenant, keys[0], f.Metadata[keys[0]])
+		for _, k := range keys[1:] {
+			q.WriteString(` AND EXISTS (SELECT 1 FROM session_metadata AS o
+				WHERE o.tenant = m.tenant AND o.session_id = m.session_id AND o.key = ? AND o.value = ?)`)
+			args = append(args, k, f.Metadata[k])
+		}
+	}
+	if f.Status != "" {
+		q.WriteString(` AND status = ?`)
+		args = append(args, f.Status)
+	}
+	// The keyset position and the order name the columns of the table
+	// the query walks, so that SQLite sees the walk is already in order.
+	at, id := "created_at", "id"
+	if len(f.Metadata) > 0 {
+		at, id = "m.created_at", "m.session_id"
+	}
+	if f.PageToken != "" {
+		t, pid, err := store.DecodePageToken(f.PageToken)
+		if err != nil {
+			return nil, "", err
+		}
+		q.WriteString(` AND (` + at + `, ` + id + `) < (?, ?)`)
+		args = append(args, t.UnixMicro(), pid)
+	}
+	// One more than a page tells whether there is a next one.
+	q.WriteString(` ORDER BY ` + at + ` DESC, ` + id + ` DESC LIMIT ?`)
+	args = append(args, limit+1)
+
+	rows, err := s.r.QueryContext(ctx, q.String(), args...)
+	if err != nil {
+		return nil, "", dbErr("list sessions", err)
+	}
+	defer rows.Close()
+	var out []*store.Session
+	for rows.Next() {
+		sess, err := scanSession(rows)
+		if err != nil {
+			return nil, "", dbErr("list sessions", err)
+		}
+		out = append(out, sess)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, "", dbErr("list sessions", err)
+	}
+	next := ""
+	if len(out) > limit {
+		out = out[:limit]
+		last := out[limit-1]
+		next = store.EncodePageToken(last.CreatedAt, last.ID)
+	}
+	return out, next, nil
+}
+
+// CountSessions implements store.Store.
+func (s *Store) CountSessions(ctx context.Context) (map[string]int, error) {
+	return s.countByStatus(ctx, "sessions")
+}
+
+// countByStatus counts the rows of table by status; table is a constant.
+func (s *Store) countByStatus(ctx context.Context, table string) (map[string]int, error) {
+	rows, err := s.r.QueryContext(ctx, `SELECT status, count(*) FROM `+table+` GROUP BY status`)
+	if err != nil {
+		return nil, dbErr("count "+table, err)
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var st string
+		var n int
+		if err := rows.Scan(&st, &n); err != nil {
+			return nil, dbErr("count "+table, err)
+		}
+		out[st] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbErr("count "+table, err)
+	}
+	return out, nil
+}
+
+// sessionArgs checks sess and returns its columns in sessionColumns order.
+func sessionArgs(sess *store.Session) ([]any, error) {
+	if sess == nil {
+		return nil, fmt.Errorf("session: nil: %w", errdefs.ErrInvalidArgument)
+	}
+	if err := required("session", "tenant", sess.Tenant, "id", sess.ID); err != nil {
+		return nil, err
+	}
+	if sess.CreatedAt.IsZero() {
+		return nil, fmt.Errorf("session %q: created_at is required: %w", sess.ID, errdefs.ErrInvalidArgument)
+	}
+	meta := []byte("{}")
+	if len(sess.Metadata) > 0 {
+		var err error
+		if meta, err = json.Marshal(sess.Metadata); err != nil {
+			return nil, fmt.Errorf("session %q: metadata: %w", sess.ID, err)
+		}
+	}
+	return []any{
+		sess.Tenant, sess.ID, sess.Status, sess.TemplateID, sess.SandboxID, sess.Error, string(meta), rawJSON(sess.Config),
+		micros(sess.CreatedAt), micros(sess.UpdatedAt), micros(sess.LastActivityAt), micros(sess.ExpiresAt),
+	}, nil
+}
+
+func putMetadata(ctx context.Context, tx *sql.Tx, sess *store.Session) error {
+	for k, v := range sess.Metadata {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO session_metadata (tenant, session_id, key, value, created_at) VALUES (?, ?, ?, ?, ?)`,
+			sess.Tenant, sess.ID, k, v, sess.CreatedAt.UnixMicro()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// prefixed qualifies each of a list of columns with prefix.
+func prefixed(prefix, columns string) string {
+	cols := strings.Split(columns, ",")
+	for i, c := range cols {
+		cols[i] = prefix + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}
+
+func scanSession(row interface{ Scan(...any) error }) (*store.Session, error) {
+	var (
+		sess                  store.Session
+		meta, config          []byte
+		created, updated      sql.NullInt64
+		lastActivity, expires sql.NullInt64
+	)
+	if err := row.Scan(&sess.Tenant, &sess.ID, &sess.Status, &sess.TemplateID, &sess.SandboxID, &sess.Error, &meta, &config,
+		&created, &updated, &lastActivity, &expires); err != nil {
+		return nil, err
+	}
+	// metadata is never "null" (see sessionArgs), so this makes a map.
+	if err := json.Unmarshal(meta, &sess.Metadata); err != nil {
+		return nil, fmt.Errorf("session %q: metadata: %w", sess.ID, err)
+	}
+	sess.Config = fromRawJSON(config)
+	sess.CreatedAt, sess.UpdatedAt = fromMicros(created), fromMicros(updated)
+	sess.LastActivityAt, sess.ExpiresAt = fromMicros(lastActivity), fromMicros(expires)
+	return &sess, nil
+}

@@ -1,0 +1,161 @@
+// Package store defines the control plane's metadata store: the records of
+// sessions, executions and uploads that must outlive a server process.
+// Backends: sqlite (one server, the default); PostgreSQL comes with
+// scale-out. Every backend passes storetest.Run.
+//
+// The conventions every backend keeps:
+//   - Errors wrap the errdefs categories: ErrNotFound, ErrAlreadyExists,
+//     ErrInvalidArgument (a missing key field, a zero CreatedAt, a limit out
+//     of range, a malformed page token).
+//   - Times are kept to the microsecond and come back in UTC; a zero time
+//     comes back as the zero time.Time.
+//   - Session.Metadata comes back as a non-nil map, empty when the session
+//     has none (nil and empty are the same thing to the store).
+//   - The JSON fields (Session.Config, Execution.Request and Result) are
+//     opaque and must hold valid JSON; a backend may reformat it (a jsonb
+//     column does), so compare them as JSON, not as bytes. Empty comes back
+//     nil.
+//   - Records are scoped to a tenant: a call made for one tenant never reads,
+//     changes or deletes another tenant's records, and says ErrNotFound
+//     where the other tenant's record exists.
+//   - The store does not check that a session exists before recording its
+//     executions and uploads: the layer above does that under its own
+//     locks.
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Store keeps the control plane's records. It is safe for concurrent use.
+type Store interface {
+	// CreateSession records a new session; errdefs.ErrAlreadyExists if the
+	// tenant has a session with that id.
+	CreateSession(ctx context.Context, s *Session) error
+	// GetSession returns the tenant's session; errdefs.ErrNotFound if absent.
+	GetSession(ctx context.Context, tenant, id string) (*Session, error)
+	// UpdateSession replaces every field of the session (s.Tenant, s.ID);
+	// errdefs.ErrNotFound if absent.
+	UpdateSession(ctx context.Context, s *Session) error
+	// DeleteSession removes the session with its executions and uploads.
+	// Deleting an absent session is not an error.
+	DeleteSession(ctx context.Context, tenant, id string) error
+	// ListSessions returns a page of the tenant's sessions that match f,
+	// newest first (CreatedAt, then ID, descending), and the token of the
+	// next page, "" after the last one.
+	ListSessions(ctx context.Context, f SessionFilter) (sessions []*Session, nextPageToken string, err error)
+	// CountSessions counts the sessions of every tenant by status, for
+	// metrics.
+	CountSessions(ctx context.Context) (map[string]int, error)
+
+	// CreateExecution records a new execution; errdefs.ErrAlreadyExists if
+	// an execution has that id, in any tenant (execution ids are global).
+	CreateExecution(ctx context.Context, x *Execution) error
+	// UpdateExecution replaces every field of the execution (x.Tenant,
+	// x.ID); errdefs.ErrNotFound if the tenant has no execution with that id.
+	UpdateExecution(ctx context.Context, x *Execution) error
+	// GetExecution returns the tenant's execution; errdefs.ErrNotFound if
+	// absent, and also when the execution belongs to another tenant.
+	GetExecution(ctx context.Context, tenant, id string) (*Execution, error)
+	// ListExecutions returns a page of a session's executions, newest first
+	// (CreatedAt, then ID, descending), and the token of the next page, ""
+	// after the last one. limit is 1..1000; 0 means 100.
+	ListExecutions(ctx context.Context, tenant, sessionID string, limit int, pageToken string) ([]*Execution, string, error)
+	// ListUnfinishedExecutions returns the executions of every tenant that
+	// are pending or running. At start a server fails them: their outcome
+	// was lost with the process that ran them.
+	ListUnfinishedExecutions(ctx context.Context) ([]*Execution, error)
+	// CountExecutions counts the executions of every tenant by status.
+	CountExecutions(ctx context.Context) (map[string]int, error)
+	// DeleteExecutions removes every execution of the session.
+	DeleteExecutions(ctx context.Context, tenant, sessionID string) error
+
+	// PutUpload records an upload, replacing the one at its path.
+	PutUpload(ctx context.Context, u *Upload) error
+	// DeleteUploads removes the session's upload at path and every upload
+	// under path + "/", as deleting a directory does; path "" removes all
+	// the session's uploads. Removing nothing is not an error.
+	DeleteUploads(ctx context.Context, tenant, sessionID, path string) error
+	// CountUploads counts the session's uploads, of every conversation.
+	CountUploads(ctx context.Context, tenant, sessionID string) (int, error)
+	// ListUploads returns the session's uploads of one conversation, by
+	// path; conversationID "" lists the session-level uploads (those of no
+	// conversation).
+	ListUploads(ctx context.Context, tenant, sessionID, conversationID string) ([]*Upload, error)
+	// DeleteConversationUploads removes the uploads of one conversation;
+	// conversationID "" is errdefs.ErrInvalidArgument (use DeleteUploads
+	// for the session's own).
+	DeleteConversationUploads(ctx context.Context, tenant, sessionID, conversationID string) error
+
+	// Ping reports whether the store can serve requests.
+	Ping(ctx context.Context) error
+	// Close releases the store. Calls after Close fail.
+	Close() error
+}
+
+// Session is one session's record. Config and Metadata are owned by the
+// layer above; the store keeps Config as opaque JSON.
+type Session struct {
+	// Tenant and ID are the key: session ids are per tenant.
+	Tenant, ID string
+	// Status is pending, running, paused, hibernated, error or terminated;
+	// the store does not check it.
+	Status     string
+	TemplateID string
+	// SandboxID is "" when the session has no sandbox.
+	SandboxID string
+	// Error says why the status is error.
+	Error string
+	// Metadata (user_id, agent_id, ...) can be filtered on in ListSessions.
+	Metadata map[string]string
+	Config   json.RawMessage
+	// CreatedAt is required; it orders ListSessions.
+	CreatedAt, UpdatedAt, LastActivityAt, ExpiresAt time.Time
+}
+
+// Execution is one execution's record.
+type Execution struct {
+	// ID is unique across tenants; Tenant and SessionID say whose it is.
+	Tenant, ID, SessionID string
+	// Status is pending, running, completed, failed, timeout or cancelled;
+	// the store does not check it.
+	Status                              string
+	Language, ConversationID, ContextID string
+	Request                             json.RawMessage
+	// Result is nil until the execution finishes.
+	Result json.RawMessage
+	// CreatedAt is required; it orders ListExecutions.
+	CreatedAt time.Time
+	// StartedAt and FinishedAt are zero until then.
+	StartedAt, FinishedAt time.Time
+}
+
+// Upload records a file a user uploaded into a session's workspace, so the
+// server can enforce the session's file count limit and purge a
+// conversation's files.
+type Upload struct {
+	// Tenant, SessionID and Path are the key; Path is workspace-relative.
+	Tenant, SessionID, Path string
+	// ConversationID is "" for a session-level upload.
+	ConversationID string
+	Size           int64
+	SHA256         string
+	CreatedAt      time.Time
+}
+
+// SessionFilter selects the sessions ListSessions returns.
+type SessionFilter struct {
+	// Tenant is required.
+	Tenant string
+	// Status "" matches any.
+	Status string
+	// Metadata pairs must all match exactly.
+	Metadata map[string]string
+	// Limit is the most sessions in a page, 1..1000; 0 means 100.
+	Limit int
+	// PageToken is "" for the first page, else a previous page's
+	// nextPageToken.
+	PageToken string
+}
