@@ -1,0 +1,235 @@
+package workspace
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+const (
+	// DefaultMaxEntries is List's bound when the caller gives none.
+	DefaultMaxEntries = 10_000
+	// maxUsageEntries bounds Usage's walk. Past it the workspace is too
+	// big to account for, which a quota treats as over.
+	maxUsageEntries = 1 << 20
+	// readBatch is how many directory entries are read at a time, so a
+	// directory of a million files is never held whole.
+	readBatch = 64
+)
+
+// Entry is one file, directory, link or special file in a listing.
+type Entry struct {
+	Name string `json:"name"`
+	// Path is the workspace path, cleaned.
+	Path string `json:"path"`
+	// Type is "file", "dir", "symlink" or "other" (FIFO, socket, device).
+	Type string `json:"type"`
+	// Size is the length of a file or link target name, in bytes.
+	Size int64 `json:"size"`
+	// Mode holds the permission bits.
+	Mode    fs.FileMode `json:"mode"`
+	ModTime time.Time   `json:"mod_time"`
+}
+
+func newEntry(p string, fi fs.FileInfo) Entry {
+	t := "other"
+	switch m := fi.Mode(); {
+	case m.IsRegular():
+		t = "file"
+	case m.IsDir():
+		t = "dir"
+	case m&fs.ModeSymlink != 0:
+		t = "symlink"
+	}
+	return Entry{Name: path.Base(p), Path: p, Type: t, Size: fi.Size(), Mode: fi.Mode().Perm(), ModTime: fi.ModTime()}
+}
+
+// List lists the directory at rel, or describes the single file there. A
+// link at rel itself is followed if it stays inside the workspace; links
+// below it are listed as links, not followed. With recursive, the whole
+// tree below rel is listed, shallowest entries first; either way at most
+// maxEntries are returned (DefaultMaxEntries if <= 0), and truncated says
+// when more were left out (as are directories nested deeper than
+// MaxPathLen). Entries are sorted by path.
+func (w *Workspace) List(rel string, recursive bool, maxEntries int) (entries []Entry, truncated bool, err error) {
+	rel, err = CleanPath(rel)
+	if err != nil {
+		return nil, false, err
+	}
+	if maxEntries <= 0 {
+		maxEntries = DefaultMaxEntries
+	}
+	fi, err := w.root.Stat(rel)
+	if err != nil {
+		return nil, false, classify(rel, err)
+	}
+	if !fi.IsDir() {
+		return []Entry{newEntry(rel, fi)}, false, nil
+	}
+	entries = []Entry{}
+	// Breadth first: when the listing is cut short, what is left out is
+	// the deepest. The queue holds no more paths than entries listed.
+	queue := []string{rel}
+	for len(queue) > 0 {
+		dir := queue[0]
+		queue = queue[1:]
+		more, err := w.readDir(dir, func(fi fs.FileInfo) bool {
+			if len(entries) == maxEntries {
+				truncated = true
+				return false
+			}
+			e := newEntry(join(dir, fi.Name()), fi)
+			entries = append(entries, e)
+			if recursive && fi.IsDir() {
+				if len(e.Path) >= MaxPathLen {
+					truncated = true
+				} else {
+					queue = append(queue, e.Path)
+				}
+			}
+			return true
+		})
+		if err != nil {
+			if dir == rel {
+				return nil, false, classify(rel, err)
+			}
+			if !gone(err) {
+				return nil, false, fmt.Errorf("path %s: %w", quote(dir), err)
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	slices.SortFunc(entries, func(a, b Entry) int { return comparePaths(a.Path, b.Path) })
+	return entries, truncated, nil
+}
+
+// readDir calls fn for the entries of the directory at dir, a batch at a
+// time, until fn returns false (then more is false too). Entries are not
+// followed (Readdir on a file opened in a Root lstats with fstatat).
+func (w *Workspace) readDir(dir string, fn func(fs.FileInfo) bool) (more bool, err error) {
+	// O_DIRECTORY: the directory may have become a FIFO since it was seen,
+	// and opening that without it would wait for a writer.
+	f, err := w.root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return true, err
+	}
+	defer f.Close()
+	for {
+		infos, err := f.Readdir(readBatch)
+		for _, fi := range infos {
+			if !fn(fi) {
+				return false, nil
+			}
+		}
+		if err == io.EOF {
+			return true, nil
+		}
+		if err != nil {
+			return true, err
+		}
+	}
+}
+
+// gone reports whether err says a directory seen during a walk is not
+// there any more, or has been replaced by something not to walk into: the
+// sandbox changes the tree as it likes, and that is not an error.
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) ||
+		errors.Is(err, syscall.ELOOP) || isEscape(err)
+}
+
+func join(dir, name string) string {
+	if dir == "." {
+		return name
+	}
+	return dir + "/" + name
+}
+
+// comparePaths orders paths component by component ("a", "a/b", "a-b"),
+// so that a directory's contents follow it.
+func comparePaths(a, b string) int {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		ca, cb := a[i], b[i]
+		if ca == cb {
+			continue
+		}
+		if ca == '/' {
+			return -1
+		}
+		if cb == '/' {
+			return 1
+		}
+		return int(ca) - int(cb)
+	}
+	return len(a) - len(b)
+}
+
+// Usage returns the total size of the regular files in the workspace and
+// the number of entries that are not directories (files, links, FIFOs:
+// each costs an inode). Sizes are apparent ones, what a snapshot or a
+// download of the tree costs, not allocated blocks. Links are not
+// followed. The walk stops with errdefs.ErrResourceExhausted past 2^20
+// entries or a path longer than MaxPathLen; a workspace that big is over
+// any quota sbx sets.
+func (w *Workspace) Usage(ctx context.Context) (bytes int64, files int, err error) {
+	u := usage{ctx: ctx}
+	if err := w.usage(&u, "."); err != nil {
+		return u.bytes, u.files, err
+	}
+	return u.bytes, u.files, nil
+}
+
+type usage struct {
+	ctx     context.Context
+	bytes   int64
+	files   int
+	entries int
+}
+
+// usage walks dir depth first, holding one descriptor per level (at most
+// MaxPathLen/2 of them) and one batch of entries per level.
+func (w *Workspace) usage(u *usage, dir string) error {
+	var walkErr error
+	_, err := w.readDir(dir, func(fi fs.FileInfo) bool {
+		if walkErr = u.ctx.Err(); walkErr != nil {
+			return false
+		}
+		u.entries++
+		if u.entries > maxUsageEntries {
+			walkErr = fmt.Errorf("workspace has more than %d files and directories: %w", maxUsageEntries, errdefs.ErrResourceExhausted)
+			return false
+		}
+		if !fi.IsDir() {
+			u.files++
+			if fi.Mode().IsRegular() {
+				u.bytes += fi.Size()
+			}
+			return true
+		}
+		p := join(dir, fi.Name())
+		if len(p) >= MaxPathLen {
+			walkErr = fmt.Errorf("workspace has paths longer than %d bytes: %w", MaxPathLen, errdefs.ErrResourceExhausted)
+			return false
+		}
+		walkErr = w.usage(u, p)
+		return walkErr == nil
+	})
+	if walkErr != nil {
+		return walkErr
+	}
+	if err != nil && (dir == "." || !gone(err)) {
+		return fmt.Errorf("path %s: %w", quote(dir), err)
+	}
+	return nil
+}
