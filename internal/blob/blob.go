@@ -1,0 +1,61 @@
+// Package blob defines where sbx keeps bytes that outlive a sandbox and
+// are addressed by key rather than by workspace path: presigned downloads
+// now, snapshots and hibernated workspaces later. Backends: fs (local
+// files, the default); S3 comes with scale-out. Every backend passes
+// blobtest.Run.
+package blob
+
+import (
+	"context"
+	"io"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// Store keeps blobs by key. Keys are slash-separated paths of
+// [A-Za-z0-9._-] segments (see ValidKey).
+type Store interface {
+	// Put stores r under key, replacing any blob there. Readers see the old
+	// blob or the whole new one, never a part.
+	Put(ctx context.Context, key string, r io.Reader) (size int64, err error)
+	// Open returns the blob for reading with random access (downloads
+	// serve Range requests from it); errdefs.ErrNotFound if absent.
+	Open(ctx context.Context, key string) (Reader, error)
+	// Stat reports a blob; errdefs.ErrNotFound if absent.
+	Stat(ctx context.Context, key string) (Info, error)
+	// Delete removes the blob; deleting an absent one is not an error.
+	Delete(ctx context.Context, key string) error
+	// List reports the blobs whose keys start with prefix.
+	List(ctx context.Context, prefix string) ([]Info, error)
+}
+
+// Reader is an open blob.
+type Reader interface {
+	io.ReadSeekCloser
+	Info() Info
+}
+
+// Info describes a blob.
+type Info struct {
+	Key     string
+	Size    int64
+	ModTime time.Time
+}
+
+var segment = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9._-]{0,254}$`)
+
+// ValidKey reports whether key can name a blob: one to sixteen segments of
+// [A-Za-z0-9._-] that do not start with a dot.
+func ValidKey(key string) bool {
+	segs := strings.Split(key, "/")
+	if len(segs) > 16 {
+		return false
+	}
+	for _, s := range segs {
+		if !segment.MatchString(s) {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,109 @@
+// Package blobtest is the conformance suite every blob.Store passes.
+package blobtest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Run runs the suite against stores made by open (a fresh, empty one per
+// call).
+func Run(t *testing.T, open func(t *testing.T) blob.Store) {
+	ctx := context.Background()
+	t.Run("PutOpenReplace", func(t *testing.T) {
+		s := open(t)
+		for _, data := range []string{"first", "second, longer"} {
+			n, err := s.Put(ctx, "a/b.txt", strings.NewReader(data))
+			if err != nil || n != int64(len(data)) {
+				t.Fatalf("Put = %d, %v", n, err)
+			}
+			r, err := s.Open(ctx, "a/b.txt")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(r)
+			r.Close()
+			if string(got) != data || r.Info().Size != int64(len(data)) {
+				t.Errorf("Open = %q (size %d), want %q", got, r.Info().Size, data)
+			}
+		}
+	})
+	t.Run("Seek", func(t *testing.T) {
+		s := open(t)
+		s.Put(ctx, "k", bytes.NewReader([]byte("0123456789")))
+		r, err := s.Open(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		r.Seek(4, io.SeekStart)
+		b := make([]byte, 3)
+		io.ReadFull(r, b)
+		if string(b) != "456" {
+			t.Errorf("after Seek(4) read %q", b)
+		}
+	})
+	t.Run("NotFound", func(t *testing.T) {
+		s := open(t)
+		if _, err := s.Open(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Open = %v, want ErrNotFound", err)
+		}
+		if _, err := s.Stat(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("Stat = %v, want ErrNotFound", err)
+		}
+		if err := s.Delete(ctx, "nope"); err != nil {
+			t.Errorf("Delete of an absent blob = %v", err)
+		}
+	})
+	t.Run("BadKeys", func(t *testing.T) {
+		s := open(t)
+		for _, k := range []string{"", "../x", "a/../../x", "/abs", "a//b", ".hidden", "a\x00b", "a/"} {
+			if _, err := s.Put(ctx, k, strings.NewReader("x")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("Put(%q) = %v, want ErrInvalidArgument", k, err)
+			}
+		}
+	})
+	t.Run("ListDelete", func(t *testing.T) {
+		s := open(t)
+		for _, k := range []string{"p/1", "p/2", "q/1"} {
+			s.Put(ctx, k, strings.NewReader(k))
+		}
+		got, err := s.List(ctx, "p/")
+		if err != nil || len(got) != 2 {
+			t.Fatalf("List(p/) = %v, %v", got, err)
+		}
+		s.Delete(ctx, "p/1")
+		if got, _ := s.List(ctx, "p/"); len(got) != 1 || got[0].Key != "p/2" {
+			t.Errorf("after Delete, List = %v", got)
+		}
+	})
+	t.Run("FailedPutKeepsOld", func(t *testing.T) {
+		s := open(t)
+		s.Put(ctx, "k", strings.NewReader("old"))
+		if _, err := s.Put(ctx, "k", io.MultiReader(strings.NewReader("new"), errReader{})); err == nil {
+			t.Fatal("Put from a failing reader succeeded")
+		}
+		r, err := s.Open(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if b, _ := io.ReadAll(r); string(b) != "old" {
+			t.Errorf("after a failed Put, blob = %q", b)
+		}
+		if l, _ := s.List(ctx, ""); len(l) != 1 {
+			t.Errorf("a failed Put left %v", l)
+		}
+	})
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("broken") }

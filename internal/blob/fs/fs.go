@@ -1,0 +1,167 @@
+// Package fs is the blob store on a local directory: one file per blob,
+// written to a temporary name and renamed into place.
+package fs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Store keeps blobs under a directory.
+type Store struct {
+	dir string
+}
+
+var _ blob.Store = (*Store)(nil)
+
+// New makes dir (0700) if needed and returns a store on it.
+func New(dir string) (*Store, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("blob store: %w", err)
+	}
+	return &Store{dir: dir}, nil
+}
+
+func (s *Store) path(key string) (string, error) {
+	if !blob.ValidKey(key) {
+		return "", fmt.Errorf("blob key %q: %w", key, errdefs.ErrInvalidArgument)
+	}
+	return filepath.Join(s.dir, filepath.FromSlash(key)), nil
+}
+
+// Put implements blob.Store.
+func (s *Store) Put(ctx context.Context, key string, r io.Reader) (int64, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return 0, err
+	}
+	f, err := os.CreateTemp(filepath.Dir(p), ".tmp-*")
+	if err != nil {
+		return 0, err
+	}
+	n, err := io.Copy(f, ctxReader{ctx, r})
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return 0, fmt.Errorf("blob %s: %w", key, err)
+	}
+	return n, nil
+}
+
+type fileReader struct {
+	*os.File
+	info blob.Info
+}
+
+func (f fileReader) Info() blob.Info { return f.info }
+
+// Open implements blob.Store.
+func (s *Store) Open(ctx context.Context, key string) (blob.Reader, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, notFound(key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return fileReader{f, blob.Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}}, nil
+}
+
+// Stat implements blob.Store.
+func (s *Store) Stat(ctx context.Context, key string) (blob.Info, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return blob.Info{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return blob.Info{}, notFound(key, err)
+	}
+	return blob.Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}, nil
+}
+
+// Delete implements blob.Store.
+func (s *Store) Delete(ctx context.Context, key string) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("blob %s: %w", key, err)
+	}
+	return nil
+}
+
+// List implements blob.Store.
+func (s *Store) List(ctx context.Context, prefix string) ([]blob.Info, error) {
+	var out []blob.Info
+	err := filepath.WalkDir(s.dir, func(p string, d iofs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() || strings.HasPrefix(d.Name(), ".tmp-") {
+			return nil
+		}
+		rel, _ := filepath.Rel(s.dir, p)
+		key := filepath.ToSlash(rel)
+		if !strings.HasPrefix(key, prefix) {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		out = append(out, blob.Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()})
+		return nil
+	})
+	return out, err
+}
+
+func notFound(key string, err error) error {
+	if errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("blob %s: %w", key, errdefs.ErrNotFound)
+	}
+	return fmt.Errorf("blob %s: %w", key, err)
+}
+
+// ctxReader stops a long copy when ctx is done.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}
