@@ -60,7 +60,9 @@ type Spec struct {
 	// Rootfs is the template's root filesystem, mounted read-only.
 	Rootfs string
 	// Workspace is a host directory mounted read-write at /workspace. The
-	// runtime makes it owned by the sandbox user.
+	// runtime makes it owned by the sandbox user, except for entries owned
+	// by the sandbox's root, which the control plane put there to be
+	// read-only to user code (conversation uploads).
 	Workspace string
 	// Env is added to every execution's environment.
 	Env map[string]string

@@ -180,11 +180,13 @@ func readKey(path, key string) uint64 {
 }
 
 // chownTree makes every entry of dir owned by uid:gid, leaving entries that
-// already are alone (the common case: files the sandbox itself wrote). The
-// walk is confined to dir with os.Root: a workspace may be shared with a
-// running sandbox, whose code could swap a directory for a symlink to
-// /etc between the walk reading a name and the chown of it.
-func chownTree(dir string, uid, gid int) error {
+// already are alone (the common case: files the sandbox itself wrote), and
+// so are entries owned by keep: the sandbox's root, whose files (the
+// control plane's conversation uploads) are meant to be read-only to user
+// code. The walk is confined to dir with os.Root: a workspace may be shared
+// with a running sandbox, whose code could swap a directory for a symlink
+// to /etc between the walk reading a name and the chown of it.
+func chownTree(dir string, uid, gid, keep int) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return err
@@ -198,7 +200,7 @@ func chownTree(dir string, uid, gid int) error {
 		if err != nil {
 			return err
 		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid && int(st.Gid) == gid {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (int(st.Uid) == uid && int(st.Gid) == gid || int(st.Uid) == keep) {
 			return nil
 		}
 		return root.Lchown(p, uid, gid)

@@ -146,7 +146,10 @@ func TestChownTree(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "a/b/f"), nil, 0o644)
 	os.Symlink(outside, filepath.Join(dir, "a/link"))
 	os.Symlink(filepath.Dir(outside), filepath.Join(dir, "dirlink"))
-	if err := chownTree(dir, 101000, 101000); err != nil {
+	// Entries of the sandbox's root (read-only uploads) stay as they are.
+	os.Mkdir(filepath.Join(dir, "uploads"), 0o755)
+	os.Chown(filepath.Join(dir, "uploads"), 100000, 100000)
+	if err := chownTree(dir, 101000, 101000, 100000); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{".", "a", "a/b", "a/b/f", "a/link", "dirlink"} {
@@ -154,6 +157,9 @@ func TestChownTree(t *testing.T) {
 		if err != nil || fi.Sys().(*syscall.Stat_t).Uid != 101000 {
 			t.Errorf("%s not chowned: %v", p, err)
 		}
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, "uploads")); fi.Sys().(*syscall.Stat_t).Uid != 100000 {
+		t.Error("chownTree took an entry of the sandbox's root")
 	}
 	if fi, _ := os.Stat(outside); fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Error("chownTree followed a symlink out of the tree")

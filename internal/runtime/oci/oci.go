@@ -76,6 +76,16 @@ var _ runtime.Runtime = (*Runtime)(nil)
 // must stay under the 108-byte limit of unix socket addresses.
 var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
 
+// DefaultOwners is Owners for the default UIDShift.
+func DefaultOwners() (root, user int) { return 100000, 100000 + sandboxUID }
+
+// Owners returns the host uids of root inside a sandbox and of the user
+// code runs as: files the control plane puts into a workspace get one of
+// them (the user's to be the code's own, root's to be read-only to it).
+func (r *Runtime) Owners() (root, user int) {
+	return int(r.cfg.UIDShift), int(r.cfg.UIDShift) + sandboxUID
+}
+
 // New checks that the runtime binary exists and can work on this machine,
 // and prepares the state directory.
 func New(cfg Config) (*Runtime, error) {
@@ -250,7 +260,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	if err := os.Chown(ctl, root, root); err != nil {
 		return nil, err
 	}
-	if err := chownTree(spec.Workspace, root+sandboxUID, root+sandboxUID); err != nil {
+	if err := chownTree(spec.Workspace, root+sandboxUID, root+sandboxUID, root); err != nil {
 		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
 	}
 	cfg := ociSpec(bundleConfig{
@@ -278,7 +288,17 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 		return nil, err
 	}
 	defer logf.Close()
-	if out, err := r.run(ctx, logf, "run", "--detach", "--bundle", b, "--pid-file", filepath.Join(b, "pid"), spec.ID); err != nil {
+	args := []string{"run", "--detach", "--bundle", b, "--pid-file", filepath.Join(b, "pid")}
+	if r.name != "runsc" {
+		// A new session keyring per container counts against the mapped
+		// root's key quota (kernel.keys.maxkeys, 200 by default): past
+		// about 200 sandboxes every start failed with "disk quota
+		// exceeded". Sandboxed code cannot use keyrings anyway (keyctl,
+		// add_key and request_key are outside the seccomp allowlist), and
+		// gVisor has no host keyrings to begin with.
+		args = append(args, "--no-new-keyring")
+	}
+	if out, err := r.run(ctx, logf, append(args, spec.ID)...); err != nil {
 		return nil, fmt.Errorf("sandbox %s: %s run: %v: %s%s: %w", spec.ID, r.name, err, out, r.logTail(spec.ID), errdefs.ErrUnavailable)
 	}
 	if err := r.waitExecutor(ctx, spec.ID); err != nil {
