@@ -1,0 +1,269 @@
+// Package api is the control plane's wire format: the JSON bodies of the
+// HTTP API under /api/v1, shared by the server (internal/server) and the Go
+// client (client/). openapi.yaml beside this file is the contract; the
+// server's tests validate every request and response against it, so these
+// types and the document cannot drift apart.
+package api
+
+import (
+	_ "embed"
+	"encoding/json"
+	"time"
+)
+
+// OpenAPI is the contract, api/openapi.yaml.
+//
+//go:embed openapi.yaml
+var OpenAPI []byte
+
+// Prefix is the path every endpoint of the API lives under.
+const Prefix = "/api/v1"
+
+// Session statuses (R-02).
+const (
+	StatusPending    = "pending"
+	StatusRunning    = "running"
+	StatusPaused     = "paused"
+	StatusHibernated = "hibernated"
+	StatusError      = "error"
+	StatusTerminated = "terminated"
+)
+
+// Execution statuses (R-11). Submit answers "submitted"; an execution is
+// then pending until a sandbox takes it, running, and finally one of the
+// last four.
+const (
+	ExecSubmitted = "submitted"
+	ExecPending   = "pending"
+	ExecRunning   = "running"
+	ExecCompleted = "completed"
+	ExecFailed    = "failed"
+	ExecTimeout   = "timeout"
+	ExecCancelled = "cancelled"
+)
+
+// Error is every error response: {"error":{"code","message"}}.
+type Error struct {
+	Error ErrorBody `json:"error"`
+}
+
+// ErrorBody says what went wrong. Code is one of invalid_argument (400),
+// unauthenticated (401), permission_denied (403), not_found (404),
+// already_exists and failed_precondition (409), payload_too_large (413),
+// unsupported_media_type (415), unprocessable (422), resource_exhausted
+// (429), internal (500) and unavailable (503).
+type ErrorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Resources are a session's sandbox limits. Zero fields take the
+// template's defaults.
+type Resources struct {
+	// CPU is in cores (0.5 = half a core), at most 16.
+	CPU float64 `json:"cpu,omitempty"`
+	// Memory is in MiB, 64..65536.
+	Memory int64 `json:"memory,omitempty"`
+	// Disk is the workspace quota in MiB, 16..1048576.
+	Disk int64 `json:"disk,omitempty"`
+}
+
+// FileUploadConfig limits what may be uploaded into a session (R-20).
+type FileUploadConfig struct {
+	// MaxFileSize, in MaxFileSizeUnit, bounds one file. Default 100 MB.
+	MaxFileSize int64 `json:"max_file_size,omitempty"`
+	// MaxFileSizeUnit is KB, MB (default) or GB (powers of 1024).
+	MaxFileSizeUnit string `json:"max_file_size_unit,omitempty"`
+	// MaxFileCount bounds the files uploaded into the session and not
+	// deleted since. Default 1000.
+	MaxFileCount int `json:"max_file_count,omitempty"`
+	// AllowedFileTypes, if not empty, lists the file name extensions
+	// (".csv", "pdf") or media types ("text/csv", "image/*") that may be
+	// uploaded.
+	AllowedFileTypes []string `json:"allowed_file_types,omitempty"`
+}
+
+// CreateSessionRequest is the body of POST /sessions (R-01).
+type CreateSessionRequest struct {
+	// SessionID is chosen by the client (^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)
+	// or, when empty, by the server. Creating an id that exists returns
+	// that session.
+	SessionID  string `json:"session_id,omitempty"`
+	TemplateID string `json:"template_id,omitempty"`
+	// Timeout is the session's time to live in seconds (default 86400, at
+	// most 604800).
+	Timeout int64 `json:"timeout,omitempty"`
+	// IdleTimeout is how many seconds without activity pause the sandbox
+	// (default 600).
+	IdleTimeout int64             `json:"idle_timeout,omitempty"`
+	Resources   *Resources        `json:"resources,omitempty"`
+	EnvVars     map[string]string `json:"env_vars,omitempty"`
+	// Network is "none" (the default and, for now, the only choice).
+	Network          string            `json:"network,omitempty"`
+	Metadata         map[string]string `json:"metadata,omitempty"`
+	FileUploadConfig *FileUploadConfig `json:"file_upload_config,omitempty"`
+}
+
+// Session is a session as the API shows it (R-02).
+type Session struct {
+	SessionID  string `json:"session_id"`
+	Status     string `json:"status"`
+	TemplateID string `json:"template_id"`
+	// Error says why Status is "error".
+	Error            string            `json:"error,omitempty"`
+	CreatedAt        time.Time         `json:"created_at"`
+	LastActivityAt   time.Time         `json:"last_activity_at"`
+	ExpiresAt        time.Time         `json:"expires_at"`
+	TTL              int64             `json:"ttl"`
+	IdleTimeout      int64             `json:"idle_timeout"`
+	Resources        Resources         `json:"resources"`
+	Network          string            `json:"network"`
+	Metadata         map[string]string `json:"metadata"`
+	FileUploadConfig FileUploadConfig  `json:"file_upload_config"`
+	// EnvVars lists the names of the session's environment variables; the
+	// values are not shown again.
+	EnvVars []string `json:"env_vars"`
+}
+
+// SessionList is a page of GET /sessions (R-03).
+type SessionList struct {
+	Sessions      []Session `json:"sessions"`
+	NextPageToken string    `json:"next_page_token,omitempty"`
+}
+
+// DeleteSessionResponse is the answer to DELETE /sessions/{id} (R-04).
+type DeleteSessionResponse struct {
+	SessionID string `json:"session_id"`
+	Status    string `json:"status"`
+}
+
+// KeepaliveRequest is the optional body of POST /sessions/{id}/keepalive:
+// the session then expires Timeout seconds from now (default: its TTL).
+type KeepaliveRequest struct {
+	Timeout int64 `json:"timeout,omitempty"`
+}
+
+// ExecuteRequest is the body of POST /sessions/{id}/execute (R-10).
+type ExecuteRequest struct {
+	Code string `json:"code"`
+	// Language is python (default) or bash.
+	Language string `json:"language,omitempty"`
+	// Timeout is in seconds (default 30, at most 86400); fractions allowed.
+	Timeout float64 `json:"timeout,omitempty"`
+	// Event is passed to handler(event).
+	Event          json.RawMessage   `json:"event,omitempty"`
+	EnvVars        map[string]string `json:"env_vars,omitempty"`
+	ConversationID string            `json:"conversation_id,omitempty"`
+	ContextID      string            `json:"context_id,omitempty"`
+}
+
+// SubmitResponse is the answer to an asynchronous submit.
+type SubmitResponse struct {
+	ExecutionID string `json:"execution_id"`
+	Status      string `json:"status"`
+}
+
+// ExecError says why an execution did not complete.
+type ExecError struct {
+	Type      string `json:"type"`
+	Message   string `json:"message"`
+	Traceback string `json:"traceback,omitempty"`
+}
+
+// Execution is an execution's status and, once it is over, its result
+// (R-11). GET /executions/{id} leaves out the result fields.
+type Execution struct {
+	ExecutionID    string     `json:"execution_id"`
+	SessionID      string     `json:"session_id"`
+	Status         string     `json:"status"`
+	Language       string     `json:"language"`
+	ConversationID string     `json:"conversation_id,omitempty"`
+	ContextID      string     `json:"context_id,omitempty"`
+	CreatedAt      time.Time  `json:"created_at"`
+	StartedAt      *time.Time `json:"started_at,omitempty"`
+	FinishedAt     *time.Time `json:"finished_at,omitempty"`
+	DurationMs     int64      `json:"duration_ms"`
+
+	Stdout          string          `json:"stdout"`
+	Stderr          string          `json:"stderr"`
+	StdoutTruncated bool            `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool            `json:"stderr_truncated,omitempty"`
+	ExitCode        *int            `json:"exit_code,omitempty"`
+	ReturnValue     json.RawMessage `json:"return_value,omitempty"`
+	Error           *ExecError      `json:"error,omitempty"`
+	// Artifacts are the workspace paths the run created or modified.
+	Artifacts []string `json:"artifacts"`
+}
+
+// ExecutionList is a page of GET /sessions/{id}/executions (R-14),
+// newest first, without outputs.
+type ExecutionList struct {
+	Executions    []Execution `json:"executions"`
+	NextPageToken string      `json:"next_page_token,omitempty"`
+}
+
+// StreamOutput is the data of a "stdout" or "stderr" server-sent event.
+type StreamOutput struct {
+	Text string `json:"text"`
+}
+
+// Server-sent event names of a streamed execution: "submitted" (data
+// SubmitResponse), any number of "stdout"/"stderr" (StreamOutput), then one
+// "result" (Execution) or "error" (Error).
+const (
+	EventSubmitted = "submitted"
+	EventStdout    = "stdout"
+	EventStderr    = "stderr"
+	EventResult    = "result"
+	EventError     = "error"
+)
+
+// UploadedFile describes one file of an upload (R-20).
+type UploadedFile struct {
+	Name string `json:"name"`
+	// Path is the file's path relative to the workspace: the name to use
+	// with the other file endpoints.
+	Path string `json:"path"`
+	// SandboxPath is where the session's code sees it: for a conversation
+	// upload, where that conversation's code sees it
+	// (/workspace/uploads/temparea/NAME).
+	SandboxPath    string `json:"sandbox_path"`
+	Size           int64  `json:"size"`
+	SHA256         string `json:"sha256"`
+	ConversationID string `json:"conversation_id,omitempty"`
+}
+
+// UploadResponse is the answer to POST /sessions/{id}/files/upload.
+type UploadResponse struct {
+	Files []UploadedFile `json:"files"`
+}
+
+// FileEntry is one entry of a file listing (R-21).
+type FileEntry struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
+	// Type is file, dir, symlink or other.
+	Type       string    `json:"type"`
+	Size       int64     `json:"size"`
+	ModifiedAt time.Time `json:"modified_at"`
+}
+
+// FileList is the answer to GET /sessions/{id}/files.
+type FileList struct {
+	Files     []FileEntry `json:"files"`
+	Truncated bool        `json:"truncated,omitempty"`
+}
+
+// PresignResponse is the answer to GET /sessions/{id}/files/{path}?presign=true.
+type PresignResponse struct {
+	// URL is absolute when the request said which host it came to.
+	URL       string    `json:"url"`
+	ExpiresAt time.Time `json:"expires_at"`
+}
+
+// Health is the body of /healthz and /readyz.
+type Health struct {
+	Status string `json:"status"`
+	// Checks maps each dependency /readyz looks at to "ok" or what is wrong.
+	Checks map[string]string `json:"checks,omitempty"`
+}
