@@ -78,8 +78,15 @@ type RunRequest struct {
 	// most 64 MiB.
 	OutputLimitBytes int64 `json:"output_limit_bytes,omitempty"`
 	// ContextID, for Python only, runs the code in a long-lived interpreter
-	// whose globals survive between executions with the same id.
+	// whose globals survive between executions with the same id (and the
+	// same ConversationID: contexts are per conversation).
 	ContextID string `json:"context_id,omitempty"`
+	// ConversationID, when set, shows the code the conversation's temp
+	// area: /workspace/uploads holds only temparea, a read-only view of
+	// /workspace/uploads/{ConversationID}/temparea (empty if it does not
+	// exist), and no other conversation's uploads. 1-128 characters of
+	// [A-Za-z0-9._-], starting with a letter or digit, without "..".
+	ConversationID string `json:"conversation_id,omitempty"`
 }
 
 // Status is where an execution ended.
@@ -182,6 +189,12 @@ type CancelResponse struct {
 	Cancelled bool `json:"cancelled"`
 }
 
+// DeleteConversationResponse is the answer to DELETE /conversations/{id}:
+// how many of the conversation's contexts were deleted.
+type DeleteConversationResponse struct {
+	DeletedContexts int `json:"deleted_contexts"`
+}
+
 // Event is one line of the /run response stream.
 type Event struct {
 	// Type is "stdout", "stderr" or "result".
@@ -199,6 +212,16 @@ type errorBody struct {
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// conversationPattern is what a conversation id may be: it names a
+// directory (uploads/{id}), so no "/", no leading dot and no "..".
+// worker.py checks it again before it opens that directory.
+var conversationPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidConversationID reports whether id may name a conversation.
+func ValidConversationID(id string) bool {
+	return conversationPattern.MatchString(id) && !strings.Contains(id, "..")
+}
 
 // DecodeRunRequest reads and validates a RunRequest and fills in its
 // defaults. Unknown fields are refused, so that a misspelt option
@@ -276,6 +299,10 @@ func (r *RunRequest) validate(workspace string) error {
 		r.OutputLimitBytes = DefaultOutputLimit
 	case r.OutputLimitBytes < 0 || r.OutputLimitBytes > MaxOutputLimit:
 		return invalid("output_limit_bytes %d out of range 1..%d", r.OutputLimitBytes, MaxOutputLimit)
+	}
+	if r.ConversationID != "" && !ValidConversationID(r.ConversationID) {
+		return invalid("conversation_id %q must be 1-%d characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\"",
+			r.ConversationID, maxIDLen)
 	}
 	if r.ContextID != "" {
 		if r.Language != LanguagePython {

@@ -40,6 +40,17 @@ func TestDecodeRunRequest(t *testing.T) {
 		{name: "env value with NUL", body: `{"language":"python","code":"x","env":{"A":"b\u0000"}}`},
 		{name: "bash code with NUL", body: `{"language":"bash","code":"echo \u0000"}`},
 		{name: "python code with NUL is Python's business", body: `{"language":"python","code":"\u0000"}`, ok: true},
+		{name: "conversation", body: `{"language":"bash","code":"x","conversation_id":"conv-1.a_B"}`, ok: true,
+			check: func(r *RunRequest) bool { return r.ConversationID == "conv-1.a_B" }},
+		{name: "conversation of 128", body: `{"language":"python","code":"x","conversation_id":"` + strings.Repeat("c", 128) + `"}`, ok: true},
+		{name: "conversation of 129", body: `{"language":"python","code":"x","conversation_id":"` + strings.Repeat("c", 129) + `"}`},
+		{name: "conversation with slash", body: `{"language":"python","code":"x","conversation_id":"a/b"}`},
+		{name: "conversation dotdot", body: `{"language":"python","code":"x","conversation_id":".."}`},
+		{name: "conversation with dotdot inside", body: `{"language":"python","code":"x","conversation_id":"a..b"}`},
+		{name: "conversation with leading dot", body: `{"language":"python","code":"x","conversation_id":".a"}`},
+		{name: "conversation with colon", body: `{"language":"python","code":"x","conversation_id":"a:b"}`},
+		{name: "conversation with newline", body: `{"language":"python","code":"x","conversation_id":"a\n"}`},
+		{name: "conversation with NUL", body: `{"language":"python","code":"x","conversation_id":"a\u0000"}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -65,6 +76,7 @@ func FuzzDecodeRunRequest(f *testing.F) {
 		`{"language":"python","code":"print(1)"}`,
 		`{"id":"x","language":"bash","code":"echo","env":{"A":"1"},"timeout_ms":10,"output_limit_bytes":1,"cwd":"/"}`,
 		`{"language":"python","code":"x","event":[1,{"a":null}],"context_id":"c"}`,
+		`{"language":"python","code":"x","conversation_id":"c1","context_id":"c"}`,
 		`{"language":"python","code":"x","timeout_ms":1e3}`,
 		`{}`, `[]`, `null`, ``,
 	} {
@@ -94,6 +106,9 @@ func FuzzDecodeRunRequest(f *testing.F) {
 			t.Fatalf("context %q", r.ContextID)
 		case r.ID != "" && !idPattern.MatchString(r.ID):
 			t.Fatalf("id %q", r.ID)
+		case r.ConversationID != "" && (strings.ContainsAny(r.ConversationID, "/\x00") || strings.Contains(r.ConversationID, "..") ||
+			r.ConversationID[0] == '.' || len(r.ConversationID) > 128):
+			t.Fatalf("conversation %q names something other than one directory", r.ConversationID)
 		}
 		for k, v := range r.Env {
 			if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {

@@ -214,8 +214,22 @@ func (c *Client) Stats(ctx context.Context) (*Stats, error) {
 	return &st, nil
 }
 
-// DeleteContext destroys a stateful context; errdefs.ErrNotFound if there
-// is none of that id.
-func (c *Client) DeleteContext(ctx context.Context, id string) error {
-	return c.call(ctx, http.MethodDelete, "/contexts/"+url.PathEscape(id), nil, nil)
+// DeleteContext destroys the stateful context id of conversationID ("" for
+// a context without a conversation); errdefs.ErrNotFound if there is none.
+func (c *Client) DeleteContext(ctx context.Context, conversationID, id string) error {
+	path := "/contexts/" + url.PathEscape(id)
+	if conversationID != "" {
+		path += "?" + url.Values{"conversation_id": {conversationID}}.Encode()
+	}
+	return c.call(ctx, http.MethodDelete, path, nil, nil)
+}
+
+// DeleteConversation destroys every stateful context of conversationID and
+// returns how many there were. It is idempotent.
+func (c *Client) DeleteConversation(ctx context.Context, conversationID string) (int, error) {
+	var out DeleteConversationResponse
+	if err := c.call(ctx, http.MethodDelete, "/conversations/"+url.PathEscape(conversationID), nil, &out); err != nil {
+		return 0, err
+	}
+	return out.DeletedContexts, nil
 }

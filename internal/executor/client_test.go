@@ -39,7 +39,7 @@ func TestClient(t *testing.T) {
 	if ok, err := c.Cancel(ctx, "never-ran"); ok || err != nil {
 		t.Errorf("cancel unknown: %v %v", ok, err)
 	}
-	if err := c.DeleteContext(ctx, "no-such-context"); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := c.DeleteContext(ctx, "", "no-such-context"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("delete unknown context: %v", err)
 	}
 	st, err := c.Stats(ctx)

@@ -14,15 +14,25 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
+// contextKey names a context: its id within its conversation ("" for
+// none). The same id in two conversations names two contexts, so that a
+// context never outlives, or crosses, the conversation whose view of the
+// uploads it was started with.
+type contextKey struct {
+	conversation, id string
+}
+
 // pyContext is a stateful interpreter: a long-lived child of the zygote
 // (same namespace, privilege and seccomp set-up as any execution) that keeps
 // one module's globals across runs. The executor talks to it over its own
 // seqpacket socket: {"op":"run"} with the payload, stdout, stderr and result
 // descriptors attached; the process dup2s them for the run and lets go of
-// them before it writes the result.
+// them before it writes the result. Its conversation's view of the uploads
+// is made once, when the process starts (the spawn request carries the
+// conversation), and holds for the process's life.
 type pyContext struct {
-	s  *Server
-	id string
+	s   *Server
+	key contextKey
 	// sem serializes runs: one token, held for a whole run.
 	sem chan struct{}
 
@@ -33,8 +43,8 @@ type pyContext struct {
 	current *execution // the run holding sem, for delete
 }
 
-func newPyContext(s *Server, id string) *pyContext {
-	return &pyContext{s: s, id: id, sem: make(chan struct{}, 1)}
+func newPyContext(s *Server, key contextKey) *pyContext {
+	return &pyContext{s: s, key: key, sem: make(chan struct{}, 1)}
 }
 
 // run executes e in the context, starting the process if it is not alive.
@@ -135,7 +145,7 @@ func (pc *pyContext) start(ctx context.Context) (*child, *net.UnixConn, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("context socketpair: %w", err)
 	}
-	proc, err := z.spawn(ctx, kindContext, []int{fds[1]})
+	proc, err := z.spawn(ctx, kindContext, pc.key.conversation, []int{fds[1]})
 	unix.Close(fds[1])
 	if err != nil {
 		unix.Close(fds[0])
@@ -168,7 +178,7 @@ func (pc *pyContext) start(ctx context.Context) (*child, *net.UnixConn, error) {
 		if err == nil {
 			err = fmt.Errorf("context process exited during start-up: %w", errdefs.ErrUnavailable)
 		}
-		return nil, nil, fmt.Errorf("start context %q: %w", pc.id, err)
+		return nil, nil, fmt.Errorf("start context %q%s: %w", pc.key.id, pc.key.of(), err)
 	}
 	pc.mu.Lock()
 	pc.proc, pc.ctl = proc, ctl
@@ -178,7 +188,7 @@ func (pc *pyContext) start(ctx context.Context) (*child, *net.UnixConn, error) {
 		pc.kill(proc)
 		return nil, nil, errContextDeleted
 	}
-	pc.s.log.Info("context started", "context", pc.id, "pid", proc.pid)
+	pc.s.log.Info("context started", "context", pc.key.id, "conversation", pc.key.conversation, "pid", proc.pid)
 	return proc, ctl, nil
 }
 
@@ -219,4 +229,12 @@ func isClosed(ch <-chan struct{}) bool {
 	default:
 		return false
 	}
+}
+
+// of is " of conversation C" for messages, or nothing.
+func (k contextKey) of() string {
+	if k.conversation == "" {
+		return ""
+	}
+	return fmt.Sprintf(" of conversation %q", k.conversation)
 }

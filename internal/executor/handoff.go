@@ -24,8 +24,21 @@ type idleWorker struct {
 }
 
 // runMsg is what a worker waits for on its channel, with the payload,
-// stdout, stderr and result descriptors.
+// stdout, stderr and result descriptors, for a run without a conversation.
 var runMsg = []byte(`{"op":"run"}`)
+
+// runMessage is the run message for a run of conversation (or none). The
+// worker is still privileged when it reads it: the conversation id (valid
+// by then, see ValidConversationID) is all of the request it sees before
+// it drops its privileges, and it needs that to make the run's view of
+// the uploads (worker.py's conversation_view).
+func runMessage(conversation string) []byte {
+	if conversation == "" {
+		return runMsg
+	}
+	b, _ := json.Marshal(map[string]string{"op": "run", "conversation": conversation})
+	return b
+}
 
 // busyPreforkAfter is how long a run on a pre-forked worker goes before the
 // zygote hears of it ("took"), so that it may fork the worker's successor
@@ -35,11 +48,12 @@ var runMsg = []byte(`{"op":"run"}`)
 // demand.)
 const busyPreforkAfter = 100 * time.Millisecond
 
-// startRun gives a run (fds: payload, stdout, stderr, result; the caller
-// keeps and closes them) to a pre-forked worker, or to a fresh one. stop
-// must be called once the run is over.
-func (z *zygote) startRun(ctx context.Context, fds []int) (c *child, stop func(), err error) {
+// startRun gives a run of conversation (or none) (fds: payload, stdout,
+// stderr, result; the caller keeps and closes them) to a pre-forked worker,
+// or to a fresh one. stop must be called once the run is over.
+func (z *zygote) startRun(ctx context.Context, conversation string, fds []int) (c *child, stop func(), err error) {
 	rights := unix.UnixRights(fds...)
+	msg := runMessage(conversation)
 	for {
 		z.mu.Lock()
 		if len(z.idle) == 0 {
@@ -51,7 +65,7 @@ func (z *zygote) startRun(ctx context.Context, fds []int) (c *child, stop func()
 		z.mu.Unlock()
 		// The channel is empty, so this never blocks; it fails if the worker
 		// died while idle (its exit message is on its way).
-		err := unix.Sendmsg(w.ch, runMsg, rights, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		err := unix.Sendmsg(w.ch, msg, rights, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 		unix.Close(w.ch)
 		if err != nil {
 			z.log.Debug("pre-forked worker gone", "pid", w.c.pid, "err", err)
@@ -66,7 +80,7 @@ func (z *zygote) startRun(ctx context.Context, fds []int) (c *child, stop func()
 		})
 		return w.c, func() { t.Stop() }, nil
 	}
-	c, err = z.spawn(ctx, kindRun, fds)
+	c, err = z.spawn(ctx, kindRun, conversation, fds)
 	return c, func() {}, err
 }
 

@@ -337,16 +337,16 @@ func TestContexts(t *testing.T) {
 		t.Errorf("stats: %+v", st)
 	}
 	// Delete.
-	if err := env.client.DeleteContext(context.Background(), id); err != nil {
+	if err := env.client.DeleteContext(context.Background(), "", id); err != nil {
 		t.Fatal(err)
 	}
-	if err := env.client.DeleteContext(context.Background(), id); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := env.client.DeleteContext(context.Background(), "", id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("second delete: %v", err)
 	}
 	if res := run("return 'counter' in globals()", 0); string(res.ReturnValue) != "false" {
 		t.Errorf("state survived delete: %s", res.ReturnValue)
 	}
-	env.client.DeleteContext(context.Background(), id)
+	env.client.DeleteContext(context.Background(), "", id)
 }
 
 func TestContextLimit(t *testing.T) {
@@ -373,7 +373,7 @@ func TestContextLimit(t *testing.T) {
 	got := make(chan *Result, 1)
 	go func() {
 		res, _ := env.client.Run(context.Background(), req, func(_, _ string) {
-			env.client.DeleteContext(context.Background(), "c0")
+			env.client.DeleteContext(context.Background(), "", "c0")
 		})
 		got <- res
 	}()

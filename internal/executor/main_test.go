@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
 // testPython is the host's Debian interpreter: /root/.pyenv may come first
@@ -33,7 +34,9 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(childEnv); cfg != "" {
 		os.Exit(runChildExecutor(cfg))
 	}
-	code := m.Run()
+	// testenv's process-wide sandbox environment (the integration tests'
+	// executor binary and state directories) goes with the tests.
+	code := testenv.WithCleanup(m).Run()
 	stopShared()
 	if code == 0 {
 		// os/signal's loop goroutine lives as long as the process once any

@@ -75,14 +75,15 @@ func (s *Server) startExecution(req *RunRequest) (*execution, error) {
 	}
 	e := &execution{s: s, id: req.ID, req: req, out: newCapture(req.OutputLimitBytes), done: make(chan struct{})}
 	if req.ContextID != "" {
-		e.pc = s.contexts[req.ContextID]
+		key := contextKey{conversation: req.ConversationID, id: req.ContextID}
+		e.pc = s.contexts[key]
 		if e.pc == nil {
 			if len(s.contexts) >= s.cfg.MaxContexts {
-				return nil, fmt.Errorf("context %q: the sandbox already has %d contexts, the most it may have; delete one first: %w",
-					req.ContextID, len(s.contexts), errdefs.ErrResourceExhausted)
+				return nil, fmt.Errorf("context %q%s: the sandbox already has %d contexts, the most it may have; delete one first: %w",
+					req.ContextID, key.of(), len(s.contexts), errdefs.ErrResourceExhausted)
 			}
-			e.pc = newPyContext(s, req.ContextID)
-			s.contexts[req.ContextID] = e.pc
+			e.pc = newPyContext(s, key)
+			s.contexts[key] = e.pc
 		}
 	}
 	e.ctx, e.cancel = context.WithCancelCause(s.baseCtx)
@@ -130,6 +131,7 @@ func (e *execution) supervise() {
 	res.FinishedAt = time.Now().UTC()
 	res.DurationMs = res.FinishedAt.Sub(res.StartedAt).Milliseconds()
 	s.log.Info("execution finished", "id", e.id, "language", e.req.Language, "context", e.req.ContextID,
+		"conversation", e.req.ConversationID,
 		"status", res.Status, "exit_code", res.ExitCode, "duration_ms", res.DurationMs)
 	s.mu.Lock()
 	delete(s.execs, e.id)
@@ -300,12 +302,12 @@ func (e *execution) runStateless() outcome {
 		return outcome{startErr: err}
 	}
 	rd := e.startReaders(p)
-	c, stop, err := z.startRun(e.ctx, []int{pfd, p.w[0], p.w[1], p.w[2]})
+	c, stop, err := z.startRun(e.ctx, e.req.ConversationID, []int{pfd, p.w[0], p.w[1], p.w[2]})
 	// Nothing ran yet if the zygote died before it forked: try its
 	// successor rather than fail the run.
 	for try := 0; errors.Is(err, errZygoteDied) && try < 3; try++ {
 		if z, err = e.s.liveZygote(e.ctx); err == nil {
-			c, stop, err = z.startRun(e.ctx, []int{pfd, p.w[0], p.w[1], p.w[2]})
+			c, stop, err = z.startRun(e.ctx, e.req.ConversationID, []int{pfd, p.w[0], p.w[1], p.w[2]})
 		}
 	}
 	unix.Close(pfd)

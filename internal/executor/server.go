@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -121,6 +122,7 @@ type Server struct {
 	started    time.Time
 	scriptPath string
 	filterPath string
+	viewDir    string // where workers assemble a conversation's view (worker.py)
 	env        map[string]string
 	cg         *cgroupReader
 
@@ -132,7 +134,7 @@ type Server struct {
 	mu         sync.Mutex
 	closing    bool
 	execs      map[string]*execution
-	contexts   map[string]*pyContext
+	contexts   map[contextKey]*pyContext
 	zyg        *zygote       // nil while none is running
 	zygChanged chan struct{} // closed and replaced whenever zyg changes
 	zygErr     error         // why the last zygote died or failed to start
@@ -157,9 +159,10 @@ func New(cfg Config) (*Server, error) {
 		log:        cfg.Logger,
 		started:    time.Now(),
 		scriptPath: filepath.Join(cfg.ControlDir, "zygote.py"),
+		viewDir:    filepath.Join(cfg.ControlDir, "view"),
 		env:        map[string]string{},
 		execs:      map[string]*execution{},
-		contexts:   map[string]*pyContext{},
+		contexts:   map[contextKey]*pyContext{},
 		zygChanged: make(chan struct{}),
 	}
 	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
@@ -170,6 +173,15 @@ func New(cfg Config) (*Server, error) {
 	}
 	if err := os.WriteFile(filepath.Join(cfg.ControlDir, "runner.py"), runnerScript, 0o600); err != nil {
 		return nil, fmt.Errorf("executor: write runner: %w", err)
+	}
+	// The staging directory of conversation views: each worker mounts a
+	// tmpfs on it in its own mount namespace, so one directory serves them
+	// all; inside the control directory only root can reach it.
+	if err := os.Mkdir(s.viewDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("executor: view dir: %w", err)
+	}
+	if fi, err := os.Lstat(s.viewDir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("executor: view dir %s is not a directory (%v)", s.viewDir, err)
 	}
 	if len(cfg.SeccompFilter) > 0 {
 		s.filterPath = filepath.Join(cfg.ControlDir, "inner-seccomp.bpf")
@@ -265,10 +277,12 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /cancel", s.handleCancel)
 	mux.HandleFunc("GET /stats", s.handleStats)
 	mux.HandleFunc("DELETE /contexts/{id}", s.handleDeleteContext)
+	mux.HandleFunc("DELETE /conversations/{id}", s.handleDeleteConversation)
 	// Everything else, in the same error format as the rest.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch p := r.URL.Path; {
-		case p == "/health" || p == "/run" || p == "/cancel" || p == "/stats" || strings.HasPrefix(p, "/contexts/"):
+		case p == "/health" || p == "/run" || p == "/cancel" || p == "/stats" ||
+			strings.HasPrefix(p, "/contexts/") || strings.HasPrefix(p, "/conversations/"):
 			writeErrorStatus(w, http.StatusMethodNotAllowed, "method_not_allowed", r.Method+" "+p+" is not supported")
 		default:
 			writeErrorStatus(w, http.StatusNotFound, "not_found", "no such endpoint: "+p)
@@ -327,18 +341,48 @@ func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
+// handleDeleteContext deletes the context {id} of the conversation
+// ?conversation_id= (none if absent).
 func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	key := contextKey{conversation: r.URL.Query().Get("conversation_id"), id: r.PathValue("id")}
+	if key.conversation != "" && !ValidConversationID(key.conversation) {
+		writeError(w, fmt.Errorf("conversation_id %q is not a valid conversation id: %w", key.conversation, errdefs.ErrInvalidArgument))
+		return
+	}
 	s.mu.Lock()
-	pc := s.contexts[id]
-	delete(s.contexts, id)
+	pc := s.contexts[key]
+	delete(s.contexts, key)
 	s.mu.Unlock()
 	if pc == nil {
-		writeError(w, fmt.Errorf("context %q: %w", id, errdefs.ErrNotFound))
+		writeError(w, fmt.Errorf("context %q%s: %w", key.id, key.of(), errdefs.ErrNotFound))
 		return
 	}
 	pc.delete()
 	writeJSON(w, http.StatusOK, map[string]bool{"deleted": true})
+}
+
+// handleDeleteConversation deletes every context of the conversation {id}
+// (the control plane purges a conversation, R-23). Idempotent: a
+// conversation without contexts gives 0.
+func (s *Server) handleDeleteConversation(w http.ResponseWriter, r *http.Request) {
+	conv := r.PathValue("id")
+	if !ValidConversationID(conv) {
+		writeError(w, fmt.Errorf("conversation %q is not a valid conversation id: %w", conv, errdefs.ErrInvalidArgument))
+		return
+	}
+	var doomed []*pyContext
+	s.mu.Lock()
+	for key, pc := range s.contexts {
+		if key.conversation == conv {
+			doomed = append(doomed, pc)
+			delete(s.contexts, key)
+		}
+	}
+	s.mu.Unlock()
+	for _, pc := range doomed {
+		pc.delete()
+	}
+	writeJSON(w, http.StatusOK, DeleteConversationResponse{DeletedContexts: len(doomed)})
 }
 
 // superviseZygote keeps a zygote running, restarting it with backoff when
@@ -349,6 +393,7 @@ func (s *Server) superviseZygote() {
 	backoff := minBackoff
 	cfg := zygoteConfig{
 		UID: s.cfg.UID, GID: s.cfg.GID, Preload: append([]string{}, s.cfg.Preload...), Bash: s.cfg.Bash,
+		Workspace: s.cfg.Workspace, ViewDir: s.viewDir,
 		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: MaxReturnValueBytes,
 		Warm: s.cfg.WarmWorkers,
 	}

@@ -11,6 +11,7 @@ PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_GET_NO_NEW_PRIVS = 39
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
 SECCOMP_MODE_FILTER = 2
@@ -24,6 +25,7 @@ _prctl = libc.prctl
 _prctl.restype = ctypes.c_int
 _prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
 _capset = libc.capset
+_capget = libc.capget
 
 
 def prctl(option, a2=0, a3=0, a4=0, a5=0):
@@ -49,9 +51,24 @@ class _SockFprog(ctypes.Structure):
 FILTER = _read_filter()
 _FILTER_BUF = ctypes.create_string_buffer(FILTER, len(FILTER))
 _FPROG = _SockFprog(len(FILTER) // 8, ctypes.cast(_FILTER_BUF, ctypes.c_void_p))
+# A filter that allows everything (BPF_RET|BPF_K SECCOMP_RET_ALLOW), for
+# the drop's rehearsal (see rehearse_enter_run).
+_ALLOW_BUF = ctypes.create_string_buffer(b"\x06\x00\x00\x00\x00\x00\xff\x7f", 8)
+_ALLOW_FPROG = _SockFprog(1, ctypes.cast(_ALLOW_BUF, ctypes.c_void_p))
 # capset's header (this process) and data: every set empty.
 _CAP_HDR = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
 _CAP_DATA = (ctypes.c_uint32 * 6)()
+_CAP_GOT = (ctypes.c_uint32 * 6)()  # what capget reads back
+_CAP_KEEP = (ctypes.c_uint32 * 6)()  # the rehearsal's: the ones we have
+
+# The workspace, and the root-only directory where a conversation's view
+# of its uploads is assembled (see conversation_view).
+WORKSPACE = CFG.get("workspace") or "/workspace"
+VIEW_DIR = CFG.get("view_dir") or ""
+
+# What drop_privileges drops to: uid, gid, capability sets, the seccomp
+# filter's address (0: none).
+DROP_PLAN = (UID, GID, _CAP_DATA, ctypes.addressof(_FPROG) if FILTER else 0)
 
 
 # A pre-forked worker's idle warm-up: the common core of zygote.py's
@@ -71,7 +88,7 @@ WORKER_WARM_UPS = {
 }
 
 
-def worker_main(kind, chan_fd, settle_fd=-1):
+def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # 0, 1 = /dev/null; 2 stays the executor's log until the run (a crash
@@ -89,17 +106,27 @@ def worker_main(kind, chan_fd, settle_fd=-1):
     chan = socket.socket(fileno=CTL_FD)
     setup_error = None
     try:
-        become_user()
+        isolate()
     except BaseException as e:
-        setup_error = "cannot drop privileges: %s" % e
+        setup_error = "cannot isolate the worker: %s" % e
     if kind == "context":
+        # A context is bound to its conversation for life: its view is made
+        # now, from the spawn request, and privileges dropped before its
+        # first run.
+        if not setup_error:
+            setup_error = enter_run(conversation)
         if setup_error:
             send(chan, {"op": "error", "error": setup_error})
             os._exit(70)
         context_loop(chan)
         return
+    # Still privileged from here to enter_run: only our own fixed code runs
+    # (the warm-up), and nothing of a request is read before the drop but
+    # the conversation id of the run message.
     if not setup_error and not pending(chan):
-        warm_up(chan)
+        setup_error = rehearse_enter_run()
+        if not setup_error:
+            warm_up(chan)
     if settle_fd >= 0:
         os.close(SETTLE_FD)  # set up: the zygote may fork the next one
     msg, fds = recv(chan)
@@ -107,6 +134,8 @@ def worker_main(kind, chan_fd, settle_fd=-1):
         os._exit(0)  # the zygote went away before handing us a run
     payload_fd, out_fd, err_fd, res_fd = fds
     os.dup2(res_fd, RES_FD, inheritable=False)
+    if not setup_error:
+        setup_error = enter_run(msg.get("conversation") or "")
     if setup_error:
         write_result({"exit_code": 70, "error": executor_error(setup_error)})
         os._exit(70)
@@ -119,6 +148,64 @@ def worker_main(kind, chan_fd, settle_fd=-1):
         os._exit(70)
     close_all([payload_fd, out_fd, err_fd, res_fd])
     run_once(p)
+
+
+def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR):
+    """The privileged last step before a run (or a context's life): the
+    conversation's view of the uploads, then the final privilege drop.
+    Returns an error message, or None."""
+    if conversation:
+        try:
+            conversation_view(conversation, workspace, stage)
+        except BaseException as e:
+            return "conversation %s: %s" % (conversation, e)
+    try:
+        drop_privileges(plan)
+    except BaseException as e:
+        return "cannot drop privileges: %s" % e
+    return None
+
+
+def rehearse_enter_run():
+    """A pre-forked worker's rehearsal of enter_run, while idle, so that
+    the real one, on the run's path, takes none of the copy-on-write faults
+    of a first call (tens of microseconds each here, a dozen or two in
+    all) nor the one-time cost of a process's first seccomp filter. It
+    makes a conversation's view in a scratch workspace on a tmpfs at
+    VIEW_DIR (this mount namespace is ours, nobody else can reach it, and
+    the whole scratch tree is unmounted afterwards), then "drops" to what
+    the worker has already: its uid and gid, its capabilities, and a
+    seccomp filter that allows everything. The worker stays able to mount;
+    it has no_new_privs from then on, which mounts do not care about.
+    Returns an error message, or None."""
+    try:
+        if _capget(_CAP_HDR, _CAP_KEEP) != 0:
+            _fail("capget")
+    except OSError as e:
+        return "cannot read capabilities: %s" % e
+    plan = (os.geteuid(), os.getegid(), _CAP_KEEP, ctypes.addressof(_ALLOW_FPROG))
+    # The real drop passes these around, which writes their reference
+    # counts: take those faults now too.
+    list(DROP_PLAN)
+    if VIEW_DIR:
+        try:
+            _mount("tmpfs", VIEW_DIR, "tmpfs", _VIEW_MOUNT_FLAGS, "mode=0700")
+        except OSError:
+            pass
+        else:
+            try:
+                ws, stage = VIEW_DIR + "/ws", VIEW_DIR + "/stage"
+                os.makedirs(ws + "/uploads/rehearsal/temparea", 0o755)
+                os.mkdir(stage, 0o700)
+                if enter_run("rehearsal", plan, ws, stage) is None:
+                    return None
+            except OSError:
+                pass
+            finally:
+                libc.umount2(VIEW_DIR.encode(), MNT_DETACH)
+    # Without the view's part, if that failed here: it fails the same way
+    # for a run of a conversation, which says why.
+    return enter_run("", plan)
 
 
 def pending(chan):
@@ -209,7 +296,7 @@ def drop_bounding_and_ambient():
     for cap in range(last + 1):
         if prctl(PR_CAPBSET_DROP, cap) != 0 and ctypes.get_errno() != errno.EINVAL:
             _fail("PR_CAPBSET_DROP %d" % cap)
-    # gVisor has no ambient set (EINVAL); check_status verifies it is empty.
+    # gVisor has no ambient set (EINVAL); the caller checks it is empty.
     if prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) != 0 and ctypes.get_errno() != errno.EINVAL:
         _fail("PR_CAP_AMBIENT_CLEAR_ALL")
 
@@ -267,7 +354,129 @@ def own_proc(overmounts):
 PROC_OVERMOUNTS = proc_overmounts()
 
 
-def become_user():
+# ------------------------------------------------------- conversation views
+#
+# A run for conversation C sees at WORKSPACE/uploads a read-only directory
+# holding one entry, temparea, a read-only view of WORKSPACE/uploads/C/
+# temparea (empty if that does not exist); no path leads to another
+# conversation's files. It is made in the worker's own mount namespace,
+# still privileged, after the run message and before the drop.
+#
+# Sandboxed code of other runs shares the workspace and may rename, plant
+# symlinks or swap directories at any moment. So every source is opened
+# component by component from a descriptor of the workspace with O_PATH |
+# O_NOFOLLOW | O_DIRECTORY, and must be a real directory owned by root
+# that no one else may write (so that its entries are the control plane's,
+# and stay put); mounts take their sources and targets as /proc/self/fd/N
+# of those descriptors (the trailing slash makes gVisor follow the magic
+# link too, as Linux always does), never a path the sandbox can change. The
+# view is assembled on a tmpfs at VIEW_DIR, in the executor's root-only
+# control directory, and then moved onto the uploads directory as a whole.
+
+MS_MOVE = 8192
+MNT_DETACH = 2
+_O_DIR_PATH = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_VIEW_MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC
+_VIEW_RO_FLAGS = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+# api.go's conversationPattern, checked again before the id names a directory.
+_CONVERSATION_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+class ViewError(Exception):
+    pass
+
+
+def _root_dir(dir_fd, name, what, missing_ok=False):
+    """name in dir_fd as an O_PATH descriptor, without following a symlink:
+    a directory owned by root that no one else may write. -1 if it does not
+    exist and missing_ok."""
+    try:
+        fd = os.open(name, _O_DIR_PATH, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if missing_ok:
+            return -1
+        raise ViewError("%s does not exist" % what)
+    except OSError as e:
+        if e.errno in (errno.ENOTDIR, errno.ELOOP):
+            raise ViewError("%s is not a directory (a symbolic link or a file); refusing to use it" % what)
+        raise ViewError("%s: %s" % (what, e.strerror))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ViewError("%s is not a directory; refusing to use it" % what)
+        if st.st_uid != 0:
+            raise ViewError("%s is owned by uid %d, not root; refusing to use it" % (what, st.st_uid))
+        if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+            raise ViewError("%s (mode %o) is writable by others than root; refusing to use it" % (what, st.st_mode & 0o7777))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _place_view(stage, up):
+    """Put the view assembled at stage over the uploads directory up."""
+    target = "/proc/self/fd/%d/" % up
+    if libc.mount(stage.encode(), target.encode(), None, MS_MOVE, None) == 0:
+        return
+    if ctypes.get_errno() != errno.EINVAL:
+        _fail("mount %s on %s" % (stage, target))
+    # gVisor has no MS_MOVE: a recursive bind of the view (its mounts keep
+    # their read-only flags), then the staging mount goes.
+    _mount(stage, target, None, MS_BIND | MS_REC)
+    libc.umount2(stage.encode(), MNT_DETACH)
+
+
+def conversation_view(conv, workspace, stage):
+    """Make the view of conversation conv's uploads (see above), with
+    stage (a directory only root can reach) to assemble it in."""
+    if not _CONVERSATION_RE.fullmatch(conv) or ".." in conv:
+        raise ViewError("not a valid conversation id")
+    if not stage:
+        raise ViewError("the executor configured no staging directory for views")
+    uploads = workspace + "/uploads"
+    fds = []
+    try:
+        ws = os.open(workspace, _O_DIR_PATH)
+        fds.append(ws)
+        up = _root_dir(ws, "uploads", uploads)
+        fds.append(up)
+        area = -1
+        c = _root_dir(up, conv, "%s/%s" % (uploads, conv), missing_ok=True)
+        if c >= 0:
+            fds.append(c)
+            area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True)
+            if area >= 0:
+                fds.append(area)
+        # Nobody but root reaches stage, and this mount namespace is ours.
+        _mount("tmpfs", stage, "tmpfs", _VIEW_MOUNT_FLAGS, "mode=0755")
+        root = os.open(stage, _O_DIR_PATH)
+        fds.append(root)
+        inner = stage + "/temparea"
+        os.mkdir(inner, 0o755)
+        if area >= 0:
+            _mount("/proc/self/fd/%d/" % area, inner, None, MS_BIND)
+            _mount(None, inner, None, _VIEW_RO_FLAGS)
+        _mount(None, stage, None, _VIEW_RO_FLAGS)
+        _place_view(stage, up)
+        # The view covers the directory we opened wherever it is; make sure
+        # that is still the one the run will find at workspace/uploads.
+        want = os.fstat(root)
+        got = os.stat("uploads", dir_fd=ws, follow_symlinks=False)
+        if (got.st_dev, got.st_ino) != (want.st_dev, want.st_ino):
+            raise ViewError("%s was replaced while its view was made" % uploads)
+    finally:
+        # Before any code runs: a descriptor of the real uploads directory
+        # would lead past the view.
+        close_all(fds)
+
+
+def isolate():
+    """The part of a worker's set-up that needs no knowledge of its run:
+    done at fork, before the idle warm-up. The worker keeps its uid 0 and
+    its permitted and effective capabilities (within the sandbox's user
+    namespace) until drop_privileges, because a conversation's view needs
+    mounts, and which conversation is known only when the run comes."""
     # Raw descriptors, not file objects: fewer objects, fewer faults.
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -278,32 +487,43 @@ def become_user():
     own_proc(PROC_OVERMOUNTS)
     if not INHERITED_CAPS_DROPPED:
         drop_bounding_and_ambient()
+        # (The zygote checked the sets it emptied for every worker.)
+        got = status_fields(("CapBnd", "CapAmb"))
+        for key in ("CapBnd", "CapAmb"):
+            if int(got.get(key, "0"), 16) != 0:
+                raise RuntimeError("%s is %s after dropping it" % (key, got[key]))
+    # An idle worker must not outlive its zygote. (drop_privileges sets it
+    # again: changing uid clears it.)
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def drop_privileges(plan):
+    """The final drop (to DROP_PLAN), after the run message and before
+    anything of the run is read: uid/gid 1000, no groups, every capability
+    set empty, no_new_privs, the inner seccomp filter."""
+    uid, gid, caps, fprog = plan
     os.setgroups([])
-    os.setresgid(GID, GID, GID)
-    os.setresuid(UID, UID, UID)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
     # setresuid away from 0 clears the permitted, effective and ambient
     # sets but not the inheritable one.
-    if _capset(_CAP_HDR, _CAP_DATA) != 0:
+    if _capset(_CAP_HDR, caps) != 0:
         _fail("capset")
     if prctl(PR_SET_NO_NEW_PRIVS, 1) != 0:
         _fail("PR_SET_NO_NEW_PRIVS")
     # Changing uid made us non-dumpable, which makes /proc/self/* root-owned
     # and unreadable to the user's own code (subprocess lists /proc/self/fd).
     prctl(PR_SET_DUMPABLE, 1)
-    # Changing uid also cleared the parent-death signal: an idle worker must
-    # not outlive its zygote. (If the zygote is already gone, the executor
-    # kills the workers it knows of; one it never heard of finds its
-    # channel closed and exits at its first read.)
+    # Changing uid also cleared the parent-death signal. (If the zygote is
+    # already gone, the executor kills the workers it knows of; one it never
+    # heard of finds its channel closed and exits at its first read.)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    check_status()
-    if FILTER:
-        if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(_FPROG)) != 0:
+    check_dropped(uid, gid, caps)
+    if fprog:
+        if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog) != 0:
             _fail("PR_SET_SECCOMP")
     elif CFG.get("require_seccomp", True):
         raise RuntimeError("no inner seccomp filter configured")
-
-
-STATUS_WANT = {"CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0, "CapAmb": 0, "NoNewPrivs": 1}
 
 
 def status_fields(keys):
@@ -321,18 +541,26 @@ def status_fields(keys):
     return out
 
 
-def check_status():
-    got = status_fields(("Uid", "Gid", "Groups") + tuple(STATUS_WANT))
-    # (A field the kernel does not show, as gVisor may not, is not checked.)
-    for key, want in STATUS_WANT.items():
-        val = got.get(key)
-        if val is not None and int(val.split()[0], 16 if key.startswith("Cap") else 10) != want:
-            raise RuntimeError("%s is %s after dropping privileges" % (key, val))
-    for key, want in (("Uid", UID), ("Gid", GID)):
-        if key in got and set(got[key].split()) != {str(want)}:
-            raise RuntimeError("%s is %s after dropping privileges" % (key, got[key]))
-    if got.get("Groups", ""):
-        raise RuntimeError("supplementary groups %s kept" % got["Groups"])
+def check_dropped(uid, gid, caps):
+    """Check the drop with system calls, not /proc/self/status, which is
+    on the run's path now and costs a hundred microseconds and more to
+    read and parse. The bounding set was emptied and checked before (it
+    can never grow back), and the kernel keeps the ambient set within the
+    permitted one, which capget shows empty. (setresuid sets the
+    filesystem uid to the effective one; gVisor has no setfsuid to read it
+    back.)"""
+    if os.getresuid() != (uid, uid, uid):
+        raise RuntimeError("uids are %s after dropping privileges" % (os.getresuid(),))
+    if os.getresgid() != (gid, gid, gid):
+        raise RuntimeError("gids are %s after dropping privileges" % (os.getresgid(),))
+    if os.getgroups():
+        raise RuntimeError("supplementary groups %s kept" % os.getgroups())
+    if _capget(_CAP_HDR, _CAP_GOT) != 0:
+        _fail("capget")
+    if _CAP_GOT[:] != caps[:]:
+        raise RuntimeError("capabilities are %s after dropping privileges" % _CAP_GOT[:])
+    if prctl(PR_GET_NO_NEW_PRIVS) != 1:
+        raise RuntimeError("no_new_privs is not set")
 
 
 def executor_error(msg):

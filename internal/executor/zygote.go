@@ -152,6 +152,8 @@ type zygoteConfig struct {
 	GID            int      `json:"gid"`
 	Preload        []string `json:"preload"`
 	Bash           string   `json:"bash"`
+	Workspace      string   `json:"workspace"`
+	ViewDir        string   `json:"view_dir"`
 	SeccompFile    string   `json:"seccomp_file"`
 	RequireSeccomp bool     `json:"require_seccomp"`
 	MaxReturnBytes int      `json:"max_return_bytes"`
@@ -346,16 +348,20 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 	}
 }
 
-// spawn asks the zygote to fork a child of kind, handing it fds (which
-// the caller still owns and must close).
-func (z *zygote) spawn(ctx context.Context, kind string, fds []int) (*child, error) {
+// spawn asks the zygote to fork a child of kind for conversation (or
+// none), handing it fds (which the caller still owns and must close).
+func (z *zygote) spawn(ctx context.Context, kind, conversation string, fds []int) (*child, error) {
 	ch := make(chan spawnReply, 1)
 	z.mu.Lock()
 	z.nextTag++
 	tag := z.nextTag
 	z.pending[tag] = ch
 	z.mu.Unlock()
-	msg, _ := json.Marshal(map[string]any{"op": "spawn", "tag": tag, "kind": kind})
+	m := map[string]any{"op": "spawn", "tag": tag, "kind": kind}
+	if conversation != "" {
+		m["conversation"] = conversation
+	}
+	msg, _ := json.Marshal(m)
 	if _, _, err := z.conn.WriteMsgUnix(msg, unix.UnixRights(fds...), nil); err != nil {
 		z.mu.Lock()
 		delete(z.pending, tag)

@@ -5,8 +5,8 @@ Started by the executor as `python3 -I zygote.py CONFIG_JSON` with its
 control socket (AF_UNIX, SOCK_SEQPACKET) on fd 3. Messages are one JSON
 object each, with file descriptors attached (SCM_RIGHTS):
 
-  executor -> zygote  {"op":"spawn","tag":N,"kind":"run"}      fds: payload, stdout, stderr, result
-                      {"op":"spawn","tag":N,"kind":"context"}  fds: the context's own channel
+  executor -> zygote  {"op":"spawn","tag":N,"kind":"run","conversation":C}      fds: payload, stdout, stderr, result
+                      {"op":"spawn","tag":N,"kind":"context","conversation":C}  fds: the context's own channel
                       {"op":"took","pid":P}                    worker P has had a run for 0.1 s
   zygote -> executor  {"op":"ready","preloaded":[...],"errors":{name: msg}}
                       {"op":"worker","pid":P}                  fds: P's channel, pidfd (if any)
@@ -22,11 +22,16 @@ workers still setting up.
 
 Every process it forks (a "worker") is PID 1 of a fresh PID namespace, so
 that when it dies the kernel kills everything it started, daemons included.
-The worker drops to the sandbox user with no capabilities (bounding set
-included), sets no_new_privs, installs the inner seccomp filter and only
-then waits on its channel (fd 3) for {"op":"run"} with the payload, stdout,
-stderr and result descriptors. A run worker serves one run and exits; a
-context worker serves runs until its channel closes.
+The worker takes a mount namespace and a /proc of its own, empties its
+bounding set and warms up (rehearsing, among others, the steps below),
+still uid 0 with its capabilities, then waits on its channel (fd 3) for
+{"op":"run","conversation":C} (conversation optional) with the payload,
+stdout, stderr and result descriptors. Only then does it make the
+conversation's view of the uploads (mounts), drop to the sandbox user with
+no capabilities, set no_new_privs and install the inner seccomp filter,
+and only then read the payload. A run worker serves one run and exits; a
+context worker, which gets its conversation in the spawn request and
+drops at once, serves runs until its channel closes.
 
 Fork is the expensive part (page tables of a big interpreter, then a copy
 on write of every page the child touches), so the zygote keeps a few run
@@ -50,9 +55,11 @@ import importlib
 import json
 import math
 import os
+import re
 import select
 import signal
 import socket
+import stat
 import sys
 import time
 
@@ -68,6 +75,15 @@ CTL_FD = 3  # the zygote's control socket; in a worker, its channel
 RES_FD = 4  # in a worker during a run: the result pipe
 SETTLE_FD = 5  # in a pre-forked worker until it is set up: closing it tells the zygote
 RUN_MSG = b'{"op":"run"}'
+
+
+def run_msg(conversation):
+    """The run message a worker waits for (handoff.go's runMessage)."""
+    if not conversation:
+        return RUN_MSG
+    return json.dumps({"op": "run", "conversation": conversation}).encode()
+
+
 # While the pool is empty, a run that has gone on this long (seconds) no
 # longer holds back the pre-fork of its successor (handoff.go's
 # busyPreforkAfter).
@@ -261,7 +277,7 @@ class Zygote:
             self.idle.discard(pid)
             send(self.sock, {"op": "exit", "pid": pid, "status": status})
 
-    def fork_worker(self, kind, chan_fd=-1, settle_fd=-1):
+    def fork_worker(self, kind, chan_fd=-1, settle_fd=-1, conversation=""):
         """Fork a worker; for a run worker, return (pid, our end of its channel)."""
         ours = None
         if chan_fd < 0:
@@ -286,7 +302,7 @@ class Zygote:
         if pid == 0:
             status = 70
             try:
-                worker_main(kind, chan_fd, settle_fd)
+                worker_main(kind, chan_fd, settle_fd, conversation)
             except SystemExit as e:
                 status = e.code if isinstance(e.code, int) else 70
             except BaseException:
@@ -303,13 +319,16 @@ class Zygote:
     def spawn(self, msg, fds):
         """Fork a worker on demand: for a context, or a run no pre-forked worker took."""
         tag, kind = msg.get("tag"), msg.get("kind")
+        conversation = msg.get("conversation") or ""
         try:
+            if not isinstance(conversation, str):
+                raise ValueError("bad conversation %r" % (conversation,))
             if kind == "context" and len(fds) == 1:
-                pid, _ = self.fork_worker("context", fds[0])
+                pid, _ = self.fork_worker("context", fds[0], conversation=conversation)
             elif kind == "run" and len(fds) == 4:
                 pid, chan = self.fork_worker("run")
                 try:
-                    socket.send_fds(chan, [RUN_MSG], fds)
+                    socket.send_fds(chan, [run_msg(conversation)], fds)
                 finally:
                     chan.close()
                 self.running[pid] = time.monotonic()
