@@ -36,10 +36,11 @@ lint:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
 
-# run: run a first program in a fresh sandbox (builds the python template
-# on first use).
+# run: serve the HTTP API on 127.0.0.1:7070 with the embedded defaults
+# (SQLite, local files, runc). The python template is built in the
+# background on first start (progress in the log).
 run: build
-	bin/sbx run --template python -c 'import platform; print("hello from", platform.node()); return {"python": platform.python_version()}'
+	bin/sbx serve
 
 # ci is what .ci/run runs (after scripts/setup.sh): everything a change must
 # pass. The integration run includes the unit tests, so they run once.

@@ -2,6 +2,9 @@
 // table: sandbox create to first result, execution round trips, pandas in
 // the zygote against a fresh interpreter, and idle memory; baselines are a
 // fresh `runc run` and a fresh `bwrap` per execution over the same rootfs.
+// The control plane is measured over HTTP on loopback (http.go): session
+// create, the execution round trip against the executor alone, uploads,
+// many sessions at once and the cost of session records.
 //
 //	make bench            # or: go run ./bench -n 200
 //
@@ -37,6 +40,7 @@ var (
 	exePath   = flag.String("executor", "bin/sbx-executor", "static sbx-executor binary")
 	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
 	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
+	skipHTTP  = flag.Bool("skip-http", false, "skip the control-plane (HTTP) measures")
 	stateRoot = "/run/sbx-bench"
 )
 
@@ -102,6 +106,11 @@ func main() {
 	add(row{name: "    round trip print(1) in a stateful context", p50: rtx.p(50), p99: rtx.p(99)})
 	add(row{name: "    idle memory, python sandbox", mem: s.memory(ctx, rt)})
 	s.destroy(ctx)
+
+	if !*skipHTTP {
+		benchRecords(ctx, add) // first: its memory measure wants a lean process
+		benchHTTP(ctx, rt, rtp, add)
+	}
 
 	if !*skipDS {
 		ds := ensure(ctx, store, "python-datascience")

@@ -1,5 +1,5 @@
 // Command sbx is the sbx command line: it runs code in a sandbox, builds
-// templates and (later) serves the HTTP API.
+// templates and serves the HTTP API.
 package main
 
 import (
@@ -14,7 +14,11 @@ import (
 const usage = `usage: sbx COMMAND [ARGS]
 
 commands:
+  serve      serve the HTTP API (sbx serve -h)
   run        run code in a fresh sandbox and print the result as JSON
+  session    create, list and remove sessions of a server (sbx session -h)
+  exec       run code in a session of a server (sbx exec -h)
+  files      upload, list, download and remove a session's files (sbx files -h)
   template   build, list and remove templates (sbx template -h)
   version    print the version
 
@@ -39,10 +43,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "serve":
+		return serve(ctx, args[1:], stdout, stderr)
 	case "run":
 		return runCode(ctx, args[1:], stdout, stderr)
 	case "template":
 		return runTemplate(ctx, args[1:], stdout, stderr)
+	case "session":
+		return runSession(ctx, args[1:], stdout, stderr)
+	case "exec":
+		return runExec(ctx, args[1:], stdout, stderr)
+	case "files":
+		return runFiles(ctx, args[1:], stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sbx", version)
 		return 0

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/server"
+)
+
+var (
+	httpCreates = flag.Int("http-creates", 10, "sessions for create -> running over HTTP")
+	concurrent  = flag.Int("concurrent", 250, "sessions running an execution at once")
+	records     = flag.Int("records", 10000, "session records for the store measure")
+)
+
+// controlPlane is an sbx server in this process on a loopback port, with
+// its own data directory.
+type controlPlane struct {
+	app    *server.App
+	c      *client.Client
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startControlPlane(dir string, rt func(string) (runtime.Runtime, error)) *controlPlane {
+	os.RemoveAll(dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	app, err := server.Open(ctx, server.Config{
+		DataDir: dir, StateDir: stateRoot, TemplateDir: filepath.Join(*dataDir, "templates"),
+		ExecutorPath: *exePath, Runtime: rt,
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	cp := &controlPlane{app: app, c: client.New("http://" + ln.Addr().String()), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(cp.done)
+		app.Serve(ctx, ln)
+	}()
+	return cp
+}
+
+func (cp *controlPlane) stop() {
+	cp.cancel()
+	<-cp.done
+	cp.app.Close()
+}
+
+// waitRunning polls a new session until its sandbox is up.
+func waitRunning(ctx context.Context, c *client.Client, id string) {
+	for {
+		s, err := c.GetSession(ctx, id)
+		if err != nil {
+			log.Fatal(err)
+		}
+		switch s.Status {
+		case api.StatusRunning:
+			return
+		case api.StatusPending:
+			time.Sleep(2 * time.Millisecond)
+		default:
+			log.Fatalf("session %s: %s: %s", id, s.Status, s.Error)
+		}
+	}
+}
+
+// benchHTTP measures the control plane over HTTP. inProcess is the
+// executor round trip measured directly in this run, the baseline of the
+// HTTP round trip.
+func benchHTTP(ctx context.Context, rt *oci.Runtime, inProcess samples, add func(row)) {
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-http"), func(string) (runtime.Runtime, error) { return rt, nil })
+	defer cp.stop()
+	c := cp.c
+
+	i := 0
+	cr := measure(*httpCreates, func() {
+		i++
+		id := fmt.Sprintf("create-%d", i)
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id, TemplateID: "python"}); err != nil {
+			log.Fatal(err)
+		}
+		waitRunning(ctx, c, id)
+	})
+	add(row{name: "(d) HTTP: create session -> running (python, no pool)", p50: cr.p(50), p99: cr.p(99), goal: "< 5 s (SPEC floor)"})
+	for j := 1; j <= i; j++ {
+		c.DeleteSession(ctx, fmt.Sprintf("create-%d", j))
+	}
+
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "rt", TemplateID: "python"}); err != nil {
+		log.Fatal(err)
+	}
+	waitRunning(ctx, c, "rt")
+	exec := func() {
+		res, err := c.Execute(ctx, "rt", api.ExecuteRequest{Code: "print(1)"})
+		if err != nil || res.Status != api.ExecCompleted {
+			log.Fatalf("execute: %+v %v", res, err)
+		}
+	}
+	for range 20 {
+		exec()
+	}
+	hp := measurePaced(*rounds, *pause, exec)
+	add(row{name: fmt.Sprintf("(e) HTTP round trip print(1), ?wait=true, %v apart", *pause), p50: hp.p(50), p99: hp.p(99), goal: "p50 < 5 ms",
+		vs: fmt.Sprintf("+%s over the executor alone (%s)", fmtDur(hp.p(50)-inProcess.p(50)), fmtDur(inProcess.p(50)))})
+	hb := measure(*rounds, exec)
+	add(row{name: "    HTTP round trip print(1), back to back", p50: hb.p(50), p99: hb.p(99)})
+
+	for _, mb := range []int{10, 50} {
+		data := bytes.Repeat([]byte("0123456789abcdef"), mb<<16)
+		up := measure(5, func() {
+			if _, err := c.Upload(ctx, "rt", client.UploadOptions{}, client.UploadFile{Name: fmt.Sprintf("up%d.bin", mb), Reader: bytes.NewReader(data)}); err != nil {
+				log.Fatal(err)
+			}
+		})
+		goal := "< 2 s (SPEC floor)"
+		if mb == 50 {
+			goal = "< 0.5 s"
+		}
+		add(row{name: fmt.Sprintf("(f) HTTP upload %d MB", mb), p50: up.p(50), p99: up.p(99), goal: goal,
+			vs: fmt.Sprintf("%.0f MB/s", float64(mb)/up.p(50).Seconds())})
+	}
+	c.DeleteSession(ctx, "rt")
+
+	benchConcurrent(ctx, c, add)
+}
+
+// benchConcurrent creates many sessions and runs one execution in each, all
+// at once.
+func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
+	n := *concurrent
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	var lat samples
+	for k := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			id := fmt.Sprintf("conc-%d", k)
+			fail := func(err error) {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				mu.Unlock()
+			}
+			if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id, TemplateID: "python"}); err != nil {
+				fail(err)
+				return
+			}
+			s0 := time.Now()
+			res, err := c.Execute(ctx, id, api.ExecuteRequest{Code: fmt.Sprintf("return %d * 2", k)})
+			switch {
+			case err != nil:
+				fail(err)
+				return
+			case res.Status != api.ExecCompleted || string(res.ReturnValue) != strconv.Itoa(2*k):
+				fail(fmt.Errorf("%s: %s %+v", res.ExecutionID, res.Status, res.Error))
+				return
+			}
+			mu.Lock()
+			lat = append(lat, time.Since(s0))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	total := time.Since(t0)
+	sortSamples(lat)
+	name := fmt.Sprintf("(g) %d sessions created at once, one execution each", n)
+	add(row{name: name + ": all done", p50: total, goal: "0 errors", vs: fmt.Sprintf("%d errors", len(errs))})
+	add(row{name: "    submit -> result per session (sandbox start included)", p50: lat.p(50), p99: lat.p(99)})
+	for _, err := range errs[:min(len(errs), 5)] {
+		fmt.Fprintln(os.Stderr, "bench: error:", err)
+	}
+	t1 := time.Now()
+	for k := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.DeleteSession(ctx, fmt.Sprintf("conc-%d", k))
+		}()
+	}
+	wg.Wait()
+	add(row{name: fmt.Sprintf("    delete %d sessions (sandboxes killed)", n), p50: time.Since(t1)})
+}
+
+// benchRecords measures what a session record costs the control plane:
+// create latency over HTTP and the server's memory with that many
+// sessions. The runtime refuses at once, so that no sandbox is involved
+// (sessions end in status error); R-60's lazy sandboxes make this the
+// normal case.
+func benchRecords(ctx context.Context, add func(row)) {
+	noRuntime := func(string) (runtime.Runtime, error) {
+		return nil, fmt.Errorf("records only: %w", errdefs.ErrUnavailable)
+	}
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-records"), noRuntime)
+	defer cp.stop()
+	rss0 := rssBytes()
+	i := 0
+	cr := measure(*records, func() {
+		i++
+		_, _, err := cp.c.CreateSession(ctx, api.CreateSessionRequest{
+			SessionID: fmt.Sprintf("rec-%06d", i), Metadata: map[string]string{"user_id": fmt.Sprintf("u%d", i%100), "agent_id": "a"},
+		})
+		var ae *client.APIError
+		if err != nil && !errors.As(err, &ae) {
+			log.Fatal(err)
+		}
+	})
+	rss := rssBytes()
+	add(row{name: fmt.Sprintf("(h) HTTP create session record (%d records, no sandbox)", *records), p50: cr.p(50), p99: cr.p(99), goal: "~1 ms (SPEC floor)"})
+	add(row{name: fmt.Sprintf("    process RSS growth holding %d sessions", *records), mem: max(rss-min(rss, rss0), 1), goal: "tens of MB",
+		vs: fmt.Sprintf("RSS %.0f MB before, %.0f MB after", float64(rss0)/(1<<20), float64(rss)/(1<<20))})
+	gl := measure(100, func() {
+		if _, err := cp.c.ListSessions(ctx, client.ListSessionsOptions{UserID: "u7", Limit: 100}); err != nil {
+			log.Fatal(err)
+		}
+	})
+	add(row{name: "    list sessions filtered by user_id among them", p50: gl.p(50), p99: gl.p(99)})
+}
+
+func rssBytes() uint64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "VmRSS:") {
+			kb, _ := strconv.ParseUint(strings.Fields(line)[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+func sortSamples(s samples) {
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/internal/server"
+)
+
+const serveUsage = `usage: sbx serve [flags]
+
+Serves the HTTP API (api/openapi.yaml) on the embedded defaults: SQLite in
+the data directory, local files, runc. Logs are JSON lines on stderr.
+
+Without API keys the server accepts every request as tenant "default" and
+listens on loopback only. With keys (--api-key, or SBX_API_KEYS=KEY[:TENANT],...)
+every request needs "Authorization: Bearer KEY" or "X-API-Key: KEY", and
+each tenant sees only its own sessions.
+
+flags:
+`
+
+// serve implements `sbx serve`.
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
+	var (
+		addr     = fs.String("addr", "127.0.0.1:7070", "listen `address`")
+		data     = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
+		state    = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
+		level    = fs.String("log-level", "info", "debug, info, warn or error")
+		prebuild = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
+		keySpecs multiFlag
+	)
+	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "sbx serve: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(stderr, "sbx serve: --log-level %q: %v\n", *level, err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	specs := append([]string(nil), keySpecs...)
+	if env := os.Getenv("SBX_API_KEYS"); env != "" {
+		specs = append(specs, strings.Split(env, ",")...)
+	}
+	keys, err := server.ParseKeys(specs)
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	if err := server.CheckAddr(*addr, keys); err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	if len(keys) == 0 {
+		log.Warn("no API keys configured: listening on loopback only; every request is tenant \"default\"")
+	}
+	var templates []string
+	for _, t := range strings.Split(*prebuild, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			templates = append(templates, t)
+		}
+	}
+	app, err := server.Open(ctx, server.Config{
+		Addr: *addr, DataDir: *data, StateDir: *state, Keys: keys, Prebuild: templates, Log: log,
+	})
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 1
+	}
+	defer app.Close()
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 1
+	}
+	log.Info("serving", "url", "http://"+ln.Addr().String(), "data_dir", *data, "tenants", len(keys))
+	if err := app.Serve(ctx, ln); err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}

@@ -1,0 +1,551 @@
+// Package execution runs code in sessions: submit, wait, stream, cancel and
+// history (R-10..R-14).
+//
+// Submit writes the execution's record (pending) and hands it to a
+// goroutine that acquires the session's sandbox and runs the code on its
+// executor. While it runs, the execution lives in memory too, where waiters
+// and streams follow it; its end is written to the store before it leaves
+// memory, so a result outlives the server. Two store writes per execution:
+// one at submit, one at the end.
+package execution
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// Error types the control plane gives executions that never got to run or
+// whose end it could not see.
+const (
+	ErrTypeUnavailable    = "SandboxUnavailable"
+	ErrTypeSandboxLost    = "SandboxLost"
+	ErrTypeServerRestart  = "ServerRestarted"
+	ErrTypeSessionDeleted = "SessionDeleted"
+)
+
+// Options configure a Service.
+type Options struct {
+	Store    store.Store
+	Sessions *session.Manager
+	Log      *slog.Logger
+	// Finished, if set, hears of every execution's end (metrics).
+	Finished func(status string, d time.Duration)
+}
+
+// Service runs executions.
+type Service struct {
+	opt  Options
+	log  *slog.Logger
+	ctx  context.Context
+	stop context.CancelCauseFunc
+	wg   sync.WaitGroup
+
+	mu   sync.Mutex
+	live map[string]*Run
+}
+
+// New returns a service; Close stops it.
+func New(opt Options) *Service {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Finished == nil {
+		opt.Finished = func(string, time.Duration) {}
+	}
+	ctx, stop := context.WithCancelCause(context.Background())
+	s := &Service{opt: opt, log: opt.Log, ctx: ctx, stop: stop, live: map[string]*Run{}}
+	opt.Sessions.OnDelete(s.cancelSession)
+	return s
+}
+
+// Close cancels the executions in flight and waits for them to be
+// recorded.
+func (s *Service) Close() {
+	s.stop(&execError{Type: executor.ErrTypeCancelled, Message: "the server shut down while this execution ran"})
+	s.wg.Wait()
+}
+
+// Recover marks the executions a previous server process left pending or
+// running as failed: their outcome was lost with it.
+func (s *Service) Recover(ctx context.Context) error {
+	recs, err := s.opt.Store.ListUnfinishedExecutions(ctx)
+	if err != nil {
+		return err
+	}
+	for _, rec := range recs {
+		x := summary(rec)
+		now := time.Now().UTC()
+		x.Status, x.FinishedAt = api.ExecFailed, &now
+		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server restarted while this execution was " + rec.Status + "; its outcome is unknown: submit it again"}
+		rec.Status, rec.FinishedAt = x.Status, now
+		rec.Result, _ = json.Marshal(x)
+		if err := s.opt.Store.UpdateExecution(ctx, rec); err != nil {
+			return err
+		}
+	}
+	if len(recs) > 0 {
+		s.log.Warn("executions interrupted by a restart marked failed", "count", len(recs))
+	}
+	return nil
+}
+
+// Run is an execution in flight.
+type Run struct {
+	rec     store.Execution
+	req     executor.RunRequest
+	started time.Time
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+
+	mu      sync.Mutex
+	status  string
+	events  []Event
+	changed chan struct{} // closed and replaced at every change
+	lease   *session.Lease
+	result  *api.Execution
+}
+
+// Event is a piece of an execution's output.
+type Event struct {
+	Stream string // stdout or stderr
+	Text   string
+}
+
+// ID is the execution's id.
+func (r *Run) ID() string { return r.rec.ID }
+
+// Done is closed when the execution is over and recorded.
+func (r *Run) Done() <-chan struct{} { return r.done }
+
+// Result is the final result; nil before Done.
+func (r *Run) Result() *api.Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.result
+}
+
+// Events returns the output from index i on, and a channel closed when
+// there is more (or the run ends).
+func (r *Run) Events(i int) ([]Event, <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i > len(r.events) {
+		i = len(r.events)
+	}
+	return r.events[i:], r.changed
+}
+
+func (r *Run) notifyLocked() {
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Submit validates req, records the execution and starts it. The session
+// must exist (ErrNotFound) and not be terminated.
+func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.ExecuteRequest) (*Run, error) {
+	rreq, err := toRunRequest(req)
+	if err != nil {
+		return nil, err
+	}
+	sess, err := s.opt.Sessions.Get(ctx, tenant, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	if sess.Status == api.StatusTerminated {
+		return nil, fmt.Errorf("session %q is terminated; create it again to run code: %w", sessionID, errdefs.ErrFailedPrecondition)
+	}
+	id := newExecID()
+	rreq.ID = id
+	stored, _ := json.Marshal(storedRequest{
+		Code: req.Code, Language: rreq.Language, TimeoutMs: rreq.TimeoutMs, Event: req.Event, EnvNames: names(req.EnvVars),
+	})
+	now := time.Now().UTC()
+	r := &Run{
+		rec: store.Execution{
+			Tenant: tenant, ID: id, SessionID: sessionID, Status: api.ExecPending,
+			Language: rreq.Language, ConversationID: rreq.ConversationID, ContextID: rreq.ContextID,
+			Request: stored, CreatedAt: now,
+		},
+		req: *rreq, status: api.ExecPending, done: make(chan struct{}), changed: make(chan struct{}),
+	}
+	if err := s.opt.Store.CreateExecution(ctx, &r.rec); err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancelCause(s.ctx)
+	r.cancel = cancel
+	s.mu.Lock()
+	s.live[id] = r
+	s.mu.Unlock()
+	s.wg.Add(1)
+	go s.run(runCtx, r)
+	return r, nil
+}
+
+// storedRequest is what the store keeps of a request: not the values of
+// the environment variables, which may be secrets.
+type storedRequest struct {
+	Code      string          `json:"code"`
+	Language  string          `json:"language"`
+	TimeoutMs int64           `json:"timeout_ms"`
+	Event     json.RawMessage `json:"event,omitempty"`
+	EnvNames  []string        `json:"env_names,omitempty"`
+}
+
+func names(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
+
+// toRunRequest checks every field of an execute request (R-76) and makes
+// the executor's request of it.
+func toRunRequest(req api.ExecuteRequest) (*executor.RunRequest, error) {
+	if req.Language == "" {
+		req.Language = executor.LanguagePython
+	}
+	if math.IsNaN(req.Timeout) || req.Timeout < 0 || req.Timeout > executor.MaxTimeoutMs/1000 {
+		return nil, fmt.Errorf("timeout %v: want 0.001..%d seconds (0 for the default, 30): %w", req.Timeout, executor.MaxTimeoutMs/1000, errdefs.ErrInvalidArgument)
+	}
+	if req.ConversationID != "" && !session.ValidID(req.ConversationID) {
+		return nil, fmt.Errorf("conversation_id %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\": %w", req.ConversationID, errdefs.ErrInvalidArgument)
+	}
+	if req.ContextID != "" && !session.ValidID(req.ContextID) {
+		return nil, fmt.Errorf("context_id %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\": %w", req.ContextID, errdefs.ErrInvalidArgument)
+	}
+	if req.Code == "" {
+		return nil, fmt.Errorf("code is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	r := &executor.RunRequest{
+		Language: req.Language, Code: req.Code, Event: req.Event, Env: req.EnvVars,
+		TimeoutMs: int64(math.Ceil(req.Timeout * 1000)), ContextID: req.ContextID,
+		ConversationID: req.ConversationID,
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// run takes the execution through the sandbox to its end.
+func (s *Service) run(ctx context.Context, r *Run) {
+	defer s.wg.Done()
+	defer r.cancel(nil)
+	lease, err := s.opt.Sessions.Acquire(ctx, r.rec.Tenant, r.rec.SessionID)
+	if err != nil {
+		s.finish(r, nil, s.failure(ctx, err, ErrTypeUnavailable))
+		return
+	}
+	r.mu.Lock()
+	r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
+	r.notifyLocked()
+	r.mu.Unlock()
+	// The executor enforces the timeout; this bound only keeps a hung
+	// sandbox from holding the execution for ever.
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutMs)*time.Millisecond+time.Minute)
+	defer cancel()
+	res, err := lease.Client.Run(rctx, r.req, func(stream, data string) {
+		r.mu.Lock()
+		r.events = append(r.events, Event{Stream: stream, Text: data})
+		r.notifyLocked()
+		r.mu.Unlock()
+	})
+	if err != nil {
+		s.finish(r, nil, s.failure(ctx, err, ErrTypeSandboxLost))
+		return
+	}
+	s.finish(r, res, nil)
+}
+
+// failure describes why an execution ended without a result: cancelled
+// (by a user or a session's deletion) or the sandbox was not there.
+func (s *Service) failure(ctx context.Context, err error, kind string) *api.ExecError {
+	if cause := context.Cause(ctx); cause != nil {
+		var ee *execError
+		if errors.As(cause, &ee) {
+			e := api.ExecError(*ee)
+			return &e
+		}
+		return &api.ExecError{Type: executor.ErrTypeCancelled, Message: cause.Error()}
+	}
+	return &api.ExecError{Type: kind, Message: err.Error()}
+}
+
+// execError carries an ExecError as a context's cancellation cause.
+type execError api.ExecError
+
+func (e *execError) Error() string { return e.Message }
+
+// finish records the end of r and lets it go.
+func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
+	r.mu.Lock()
+	x := summary(&r.rec)
+	if !r.started.IsZero() {
+		t := r.started
+		x.StartedAt = &t
+	}
+	r.mu.Unlock()
+	now := time.Now().UTC()
+	x.FinishedAt = &now
+	if res != nil {
+		x.Status = string(res.Status)
+		x.Stdout, x.Stderr = res.Stdout, res.Stderr
+		x.StdoutTruncated, x.StderrTruncated = res.StdoutTruncated, res.StderrTruncated
+		code := res.ExitCode
+		x.ExitCode = &code
+		x.ReturnValue = res.ReturnValue
+		if res.Error != nil {
+			x.Error = &api.ExecError{Type: res.Error.Type, Message: res.Error.Message, Traceback: res.Error.Traceback}
+		}
+		x.Artifacts = res.Artifacts
+		if !res.StartedAt.IsZero() {
+			st, fin := res.StartedAt.UTC(), res.FinishedAt.UTC()
+			x.StartedAt, x.FinishedAt = &st, &fin
+		}
+		x.DurationMs = res.DurationMs
+	} else {
+		x.Status = api.ExecFailed
+		if fail.Type == executor.ErrTypeCancelled || fail.Type == ErrTypeSessionDeleted {
+			x.Status = api.ExecCancelled
+		}
+		x.Error = fail
+		r.mu.Lock()
+		for _, ev := range r.events {
+			if ev.Stream == "stdout" {
+				x.Stdout += ev.Text
+			} else {
+				x.Stderr += ev.Text
+			}
+		}
+		r.mu.Unlock()
+		if x.StartedAt != nil {
+			x.DurationMs = now.Sub(*x.StartedAt).Milliseconds()
+		}
+	}
+	if x.Artifacts == nil {
+		x.Artifacts = []string{}
+	}
+	rec := r.rec
+	rec.Status = x.Status
+	if x.StartedAt != nil {
+		rec.StartedAt = *x.StartedAt
+	}
+	rec.FinishedAt = *x.FinishedAt
+	rec.Result, _ = json.Marshal(x)
+	if err := s.opt.Store.UpdateExecution(context.Background(), &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		s.log.Error("recording execution result", "execution", rec.ID, "err", err)
+	}
+	s.opt.Finished(x.Status, time.Duration(x.DurationMs)*time.Millisecond)
+	r.mu.Lock()
+	r.status, r.result, r.rec = x.Status, x, rec
+	r.notifyLocked()
+	r.mu.Unlock()
+	s.mu.Lock()
+	delete(s.live, r.rec.ID)
+	s.mu.Unlock()
+	close(r.done)
+}
+
+// summary is an execution's record as the API shows it, without outputs.
+func summary(rec *store.Execution) *api.Execution {
+	x := &api.Execution{
+		ExecutionID: rec.ID, SessionID: rec.SessionID, Status: rec.Status, Language: rec.Language,
+		ConversationID: rec.ConversationID, ContextID: rec.ContextID, CreatedAt: rec.CreatedAt,
+		Artifacts: []string{},
+	}
+	if !rec.StartedAt.IsZero() {
+		t := rec.StartedAt
+		x.StartedAt = &t
+	}
+	if !rec.FinishedAt.IsZero() {
+		t := rec.FinishedAt
+		x.FinishedAt = &t
+		if x.StartedAt != nil {
+			x.DurationMs = t.Sub(*x.StartedAt).Milliseconds()
+		}
+	}
+	return x
+}
+
+// Live returns the execution if it is in flight in this server.
+func (s *Service) Live(tenant, id string) *Run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.live[id]; r != nil && r.rec.Tenant == tenant {
+		return r
+	}
+	return nil
+}
+
+// snapshot is r's state now: status, timings and, with output, what it
+// printed so far.
+func (r *Run) snapshot(output bool) *api.Execution {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.result != nil {
+		if output {
+			return r.result
+		}
+		return stripped(r.result)
+	}
+	x := summary(&r.rec)
+	x.Status = r.status
+	if !r.started.IsZero() {
+		t := r.started
+		x.StartedAt = &t
+		x.DurationMs = time.Since(t).Milliseconds()
+	}
+	if output {
+		for _, ev := range r.events {
+			if ev.Stream == "stdout" {
+				x.Stdout += ev.Text
+			} else {
+				x.Stderr += ev.Text
+			}
+		}
+	}
+	return x
+}
+
+func stripped(x *api.Execution) *api.Execution {
+	c := *x
+	c.Stdout, c.Stderr, c.ReturnValue, c.Error, c.ExitCode = "", "", nil, nil, nil
+	c.StdoutTruncated, c.StderrTruncated = false, false
+	c.Artifacts = []string{}
+	return &c
+}
+
+// Get returns an execution's status and timings (output with output).
+func (s *Service) Get(ctx context.Context, tenant, id string, output bool) (*api.Execution, error) {
+	if r := s.Live(tenant, id); r != nil {
+		return r.snapshot(output), nil
+	}
+	rec, err := s.opt.Store.GetExecution(ctx, tenant, id)
+	if err != nil {
+		return nil, err
+	}
+	return fromRecord(rec, output)
+}
+
+func fromRecord(rec *store.Execution, output bool) (*api.Execution, error) {
+	if len(rec.Result) == 0 {
+		return summary(rec), nil
+	}
+	var x api.Execution
+	if err := json.Unmarshal(rec.Result, &x); err != nil {
+		return nil, fmt.Errorf("execution %s: stored result: %w", rec.ID, err)
+	}
+	if x.Artifacts == nil {
+		x.Artifacts = []string{}
+	}
+	if !output {
+		return stripped(&x), nil
+	}
+	return &x, nil
+}
+
+// Wait returns the execution's result once it is over, or its state when
+// ctx ends first.
+func (s *Service) Wait(ctx context.Context, tenant, id string) (*api.Execution, error) {
+	if r := s.Live(tenant, id); r != nil {
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+		}
+		return r.snapshot(true), nil
+	}
+	return s.Get(ctx, tenant, id, true)
+}
+
+// Cancel stops an execution and returns its state after that. Cancelling
+// one that is over changes nothing.
+func (s *Service) Cancel(ctx context.Context, tenant, id string) (*api.Execution, error) {
+	r := s.Live(tenant, id)
+	if r == nil {
+		return s.Get(ctx, tenant, id, true)
+	}
+	s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request"})
+	t := time.NewTimer(10 * time.Second)
+	defer t.Stop()
+	select {
+	case <-r.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return r.snapshot(true), nil
+}
+
+func (s *Service) cancelRun(ctx context.Context, r *Run, why *api.ExecError) {
+	r.mu.Lock()
+	lease := r.lease
+	r.mu.Unlock()
+	if lease != nil {
+		// The executor kills the process tree and reports "cancelled",
+		// with the output so far.
+		if ok, err := lease.Client.Cancel(ctx, r.rec.ID); err == nil && ok {
+			return
+		}
+	}
+	r.cancel((*execError)(why))
+}
+
+// cancelSession cancels every execution in flight in a session that is
+// being deleted.
+func (s *Service) cancelSession(tenant, id string) {
+	s.mu.Lock()
+	var runs []*Run
+	for _, r := range s.live {
+		if r.rec.Tenant == tenant && r.rec.SessionID == id {
+			runs = append(runs, r)
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range runs {
+		r.cancel((*execError)(&api.ExecError{Type: ErrTypeSessionDeleted, Message: "the session was deleted"}))
+	}
+}
+
+// List returns a page of a session's executions, newest first.
+func (s *Service) List(ctx context.Context, tenant, sessionID string, limit int, token string) ([]*api.Execution, string, error) {
+	if _, err := s.opt.Sessions.Get(ctx, tenant, sessionID); err != nil {
+		return nil, "", err
+	}
+	recs, next, err := s.opt.Store.ListExecutions(ctx, tenant, sessionID, limit, token)
+	if err != nil {
+		return nil, "", err
+	}
+	out := make([]*api.Execution, 0, len(recs))
+	for _, rec := range recs {
+		if r := s.Live(tenant, rec.ID); r != nil {
+			out = append(out, r.snapshot(false))
+			continue
+		}
+		x, err := fromRecord(rec, false)
+		if err != nil {
+			return nil, "", err
+		}
+		out = append(out, x)
+	}
+	return out, next, nil
+}
+
+func newExecID() string {
+	b := make([]byte, 10)
+	rand.Read(b)
+	return "exec-" + hex.EncodeToString(b)
+}

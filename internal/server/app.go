@@ -1,0 +1,222 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/execution"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
+	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// Config is the configuration of `sbx serve`. Zero fields take the
+// defaults given.
+type Config struct {
+	// Addr is where to listen. Default 127.0.0.1:7070. Without API keys
+	// only a loopback address is allowed.
+	Addr string
+	// DataDir holds the database (sbx.db), templates, workspaces, blobs and
+	// the URL signing key. Default /var/lib/sbx.
+	DataDir string
+	// StateDir holds sandbox bundles and runtime state. Default /run/sbx.
+	StateDir string
+	// Keys are the API keys and their tenants (see ParseKeys). None: no
+	// authentication, loopback only, everything belongs to tenant
+	// "default".
+	Keys Keys
+	// Prebuild names templates to build in the background at start, so
+	// that the first session of each does not wait for it.
+	Prebuild []string
+	// ExecutorPath is the sbx-executor binary; default: beside sbx, then
+	// PATH.
+	ExecutorPath string
+	// TemplateDir holds built templates. Default DataDir/templates.
+	TemplateDir string
+	// Runtime makes the sandbox runtime of a name ("" = runc). Default: the
+	// OCI driver. Tests swap in a fake or a failing one.
+	Runtime func(name string) (runtime.Runtime, error)
+	Log     *slog.Logger
+}
+
+// App is a running control plane: everything `sbx serve` wires together.
+type App struct {
+	Server   *Server
+	Store    store.Store
+	Sessions *session.Manager
+	Execs    *execution.Service
+	log      *slog.Logger
+}
+
+// Open wires the control plane from cfg: it opens the store, fails what a
+// previous process left unfinished and destroys the sandboxes it
+// orphaned.
+func Open(ctx context.Context, cfg Config) (*App, error) {
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:7070"
+	}
+	if cfg.DataDir == "" {
+		cfg.DataDir = "/var/lib/sbx"
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = "/run/sbx"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	log := cfg.Log
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		return nil, err
+	}
+	key, err := signingKey(filepath.Join(cfg.DataDir, "signing.key"))
+	if err != nil {
+		return nil, err
+	}
+	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "sbx.db"))
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	blobs, err := blobfs.New(filepath.Join(cfg.DataDir, "blobs"))
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	if cfg.TemplateDir == "" {
+		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
+	}
+	templates := template.NewStore(cfg.TemplateDir)
+	newRuntime := cfg.Runtime
+	if newRuntime == nil {
+		newRuntime = func(name string) (runtime.Runtime, error) {
+			return oci.New(oci.Config{Runtime: name, StateDir: cfg.StateDir, ExecutorPath: cfg.ExecutorPath, Log: log})
+		}
+	}
+	// The default runtime is made up front to learn the sandbox owners and
+	// to say early if it is missing; the server still serves session and
+	// file calls without it (R-66).
+	var owners workspace.Owners
+	rootUID, userUID := oci.DefaultOwners()
+	owners.Root, owners.User = workspace.Owner{UID: rootUID, GID: rootUID}, workspace.Owner{UID: userUID, GID: userUID}
+	rtErr := error(nil)
+	if _, err := newRuntime(""); err != nil {
+		rtErr = err
+		log.Error("the default sandbox runtime is not usable; executions will fail until it is", "err", err)
+	}
+	var metrics *Metrics
+	mgr := session.New(session.Options{
+		Store: st, Templates: templates, Runtime: newRuntime,
+		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Owners: owners, Log: log,
+		Events: func(ev string) {
+			if metrics != nil {
+				metrics.SandboxEvent(ev)
+			}
+		},
+	})
+	metrics = NewMetrics(st, mgr)
+	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished})
+	if err := execs.Recover(ctx); err != nil {
+		execs.Close()
+		mgr.Close()
+		st.Close()
+		return nil, fmt.Errorf("recovering executions: %w", err)
+	}
+	if rtErr == nil {
+		if err := mgr.Sweep(ctx, ""); err != nil {
+			log.Warn("sweeping orphaned sandboxes", "err", err)
+		}
+	}
+	srv := New(Options{
+		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Keys: cfg.Keys, SigningKey: key,
+		Metrics: metrics, Log: log,
+		Ready: func() map[string]error {
+			_, err := newRuntime("")
+			return map[string]error{"runtime": err}
+		},
+	})
+	mgr.Prebuild(cfg.Prebuild)
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log}
+	return app, nil
+}
+
+// Close stops the background work and closes the store. Sandboxes stay
+// up for the next process to reattach to.
+func (a *App) Close() {
+	a.Execs.Close()
+	a.Sessions.Close()
+	a.Store.Close()
+}
+
+// Serve listens on addr and serves until ctx is done, then shuts down
+// gracefully.
+func (a *App) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           a.Server.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := hs.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		hs.Close()
+	}
+	return nil
+}
+
+// CheckAddr refuses a non-loopback address when there are no API keys.
+func CheckAddr(addr string, keys Keys) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", addr, err)
+	}
+	if len(keys) > 0 {
+		return nil
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("refusing to listen on %s without API keys: anyone who can reach it could run code; give --api-key KEY[:TENANT] (or SBX_API_KEYS) or listen on 127.0.0.1", addr)
+}
+
+// signingKey reads the key that signs presigned URLs, making it on first
+// use. It survives restarts so that URLs handed out stay valid.
+func signingKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err == nil && len(b) >= 32 {
+		return b, nil
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	b = make([]byte, 32)
+	rand.Read(b)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return nil, err
+	}
+	return b, nil
+}

@@ -1,0 +1,363 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// sandboxWorkspace is where a workspace is mounted in the sandbox.
+const sandboxWorkspace = "/workspace"
+
+// tempareaMount is where code of a conversation sees that conversation's
+// uploads.
+const tempareaMount = "/workspace/uploads/temparea"
+
+// maxListEntries bounds a listing.
+const maxListEntries = 10_000
+
+// uploadFields are the text fields of an upload, which come before the
+// files so that each file can be streamed straight to its place.
+type uploadFields struct {
+	path, conversation, subdir string
+}
+
+// upload: POST /sessions/{id}/files/upload. Each file part is
+// streamed to disk (never whole in memory), checked against the session's
+// limits as it goes; if any file fails, the files this request already
+// stored are removed again, so a request stores all of its files or none.
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	t, sid := tenant(r), r.PathValue("session_id")
+	sess, ws, err := s.opt.Sessions.Workspace(ctx, t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	mr, err := r.MultipartReader()
+	if err != nil {
+		s.writeError(w, r, fmt.Errorf("upload: the body must be multipart/form-data with a \"file\" part: %v: %w", err, errdefs.ErrInvalidArgument))
+		return
+	}
+	var (
+		f     uploadFields
+		saved []api.UploadedFile
+	)
+	fail := func(err error) {
+		for _, u := range saved {
+			if rerr := ws.Remove(u.Path, false); rerr != nil && !errors.Is(rerr, errdefs.ErrNotFound) {
+				s.log.Warn("rolling back upload", "path", u.Path, "err", rerr)
+			}
+			s.opt.Store.DeleteUploads(ctx, t, sid, u.Path)
+		}
+		s.writeError(w, r, err)
+	}
+	held, err := s.opt.Store.CountUploads(ctx, t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	limit := sess.Config.Upload.MaxFileCount
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			fail(fmt.Errorf("upload: reading the multipart body: %v: %w", err, errdefs.ErrInvalidArgument))
+			return
+		}
+		if part.FileName() == "" {
+			if err := f.set(part, len(saved) > 0); err != nil {
+				fail(err)
+				return
+			}
+			continue
+		}
+		if part.FormName() != "file" {
+			fail(fmt.Errorf("upload: file part %q: file parts must be named \"file\": %w", part.FormName(), errdefs.ErrInvalidArgument))
+			return
+		}
+		if len(saved)+1 > limit {
+			fail(withStatus(http.StatusUnprocessableEntity, "unprocessable",
+				fmt.Errorf("upload: more than %d files in one request (the session's max_file_count)", limit)))
+			return
+		}
+		if held+len(saved)+1 > limit {
+			fail(withStatus(http.StatusConflict, "failed_precondition",
+				fmt.Errorf("upload: the session already holds %d uploaded files and max_file_count is %d: delete some first", held, limit)))
+			return
+		}
+		u, err := s.saveFile(r, sess, ws, f, part, len(saved))
+		if err != nil {
+			fail(err)
+			return
+		}
+		saved = append(saved, *u)
+	}
+	if len(saved) == 0 {
+		s.writeError(w, r, fmt.Errorf("upload: no file part (send the file as a multipart part named \"file\" with a filename): %w", errdefs.ErrInvalidArgument))
+		return
+	}
+	writeJSON(w, http.StatusCreated, api.UploadResponse{Files: saved})
+}
+
+// set takes one text field of an upload.
+func (f *uploadFields) set(part *multipart.Part, afterFiles bool) error {
+	name := part.FormName()
+	if afterFiles {
+		return fmt.Errorf("upload: field %q comes after a file part; send path, conversation_id and subdir before the files: %w", name, errdefs.ErrInvalidArgument)
+	}
+	b, err := io.ReadAll(io.LimitReader(part, 4097))
+	if err != nil {
+		return fmt.Errorf("upload: field %q: %v: %w", name, err, errdefs.ErrInvalidArgument)
+	}
+	if len(b) > 4096 {
+		return fmt.Errorf("upload: field %q is longer than 4096 bytes: %w", name, errdefs.ErrInvalidArgument)
+	}
+	v := string(b)
+	switch name {
+	case "path":
+		f.path = v
+	case "conversation_id":
+		if !session.ValidID(v) {
+			return fmt.Errorf("upload: conversation_id %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\": %w", v, errdefs.ErrInvalidArgument)
+		}
+		f.conversation = v
+	case "subdir":
+		if v != "temparea" {
+			return fmt.Errorf("upload: subdir %q: the only subdir is \"temparea\": %w", v, errdefs.ErrInvalidArgument)
+		}
+		f.subdir = v
+	default:
+		return fmt.Errorf("upload: unknown field %q (fields: file, path, conversation_id, subdir): %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// saveFile streams one file part to its place in the workspace.
+func (s *Server) saveFile(r *http.Request, sess *session.Session, ws *workspace.Workspace, f uploadFields, part *multipart.Part, index int) (*api.UploadedFile, error) {
+	name := path.Base(strings.ReplaceAll(part.FileName(), "\\", "/"))
+	if _, err := workspace.CleanPath(name); err != nil || name == "." || name == "/" {
+		return nil, fmt.Errorf("upload: file name %q is not usable: %w", part.FileName(), errdefs.ErrInvalidArgument)
+	}
+	if f.subdir != "" && f.conversation == "" {
+		return nil, fmt.Errorf("upload: subdir needs conversation_id: %w", errdefs.ErrInvalidArgument)
+	}
+	mediaType := part.Header.Get("Content-Type")
+	if !sess.Config.AllowsFile(name, mediaType) {
+		return nil, withStatus(http.StatusUnsupportedMediaType, "unsupported_media_type",
+			fmt.Errorf("upload: %q (%s) is not an allowed file type; the session allows %s", name, orUnknown(mediaType), strings.Join(sess.Config.Upload.AllowedFileTypes, ", ")))
+	}
+	// rel is the file's path under base: the name, or the path field (a
+	// directory when it ends in "/" or the request has several files).
+	rel := name
+	if f.path != "" {
+		p, err := workspace.CleanPath(f.path)
+		if err != nil {
+			return nil, fmt.Errorf("upload: %w", err)
+		}
+		switch {
+		case strings.HasSuffix(f.path, "/") || p == ".":
+			rel = path.Join(p, name)
+		case index > 0:
+			return nil, fmt.Errorf("upload: path %q names a file but the request has several; end it with \"/\" to name a directory: %w", f.path, errdefs.ErrInvalidArgument)
+		default:
+			rel = p
+		}
+	}
+	owners := s.opt.Sessions.Owners()
+	dest, owner, sandboxPath := rel, owners.User, path.Join(sandboxWorkspace, rel)
+	if f.conversation != "" {
+		dest = path.Join(workspace.ConversationDir(f.conversation), rel)
+		owner, sandboxPath = owners.Root, path.Join(tempareaMount, rel)
+	} else if dest == "uploads" || strings.HasPrefix(dest, "uploads/") {
+		return nil, fmt.Errorf("upload: uploads/ holds the conversations' temp areas; upload there with conversation_id: %w", errdefs.ErrInvalidArgument)
+	}
+	max := sess.Config.MaxUploadBytes()
+	info, err := ws.Save(r.Context(), dest, part, max, owner, 0o644)
+	if errors.Is(err, errdefs.ErrResourceExhausted) {
+		return nil, withStatus(http.StatusRequestEntityTooLarge, "payload_too_large",
+			fmt.Errorf("upload: %q is larger than the session's max_file_size of %d %s", name, sess.Config.Upload.MaxFileSize, sess.Config.Upload.MaxFileSizeUnit))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("upload: %q: %w", name, err)
+	}
+	s.opt.Metrics.uploadBytes.Add(float64(info.Size))
+	if err := s.opt.Store.PutUpload(r.Context(), &store.Upload{
+		Tenant: sess.Tenant, SessionID: sess.ID, Path: dest, ConversationID: f.conversation,
+		Size: info.Size, SHA256: info.SHA256, CreatedAt: time.Now().UTC(),
+	}); err != nil {
+		ws.Remove(dest, false)
+		return nil, err
+	}
+	return &api.UploadedFile{
+		Name: path.Base(dest), Path: dest, SandboxPath: sandboxPath, Size: info.Size, SHA256: info.SHA256,
+		ConversationID: f.conversation,
+	}, nil
+}
+
+func orUnknown(mt string) string {
+	if mt == "" {
+		return "no media type"
+	}
+	return mt
+}
+
+// listFiles: GET /sessions/{id}/files. With conversation_id (and
+// subdir=temparea) it lists that conversation's uploads, which sandboxed
+// code cannot write to, so agent-made files never show up there.
+func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	recursive, err := queryBool(q.Get("recursive"), "recursive")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rel, err := workspace.CleanPath(q.Get("path"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	cid, subdir := q.Get("conversation_id"), q.Get("subdir")
+	switch {
+	case subdir != "" && subdir != "temparea":
+		s.writeError(w, r, fmt.Errorf("subdir %q: the only subdir is \"temparea\": %w", subdir, errdefs.ErrInvalidArgument))
+		return
+	case subdir != "" && cid == "":
+		s.writeError(w, r, fmt.Errorf("subdir needs conversation_id: %w", errdefs.ErrInvalidArgument))
+		return
+	case cid != "" && !session.ValidID(cid):
+		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", cid, errdefs.ErrInvalidArgument))
+		return
+	case cid != "":
+		rel = path.Join(workspace.ConversationDir(cid), rel)
+	}
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	entries, truncated, err := ws.List(rel, recursive, maxListEntries)
+	if errors.Is(err, errdefs.ErrNotFound) && cid != "" {
+		entries, err = nil, nil // a conversation without uploads yet
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := api.FileList{Files: make([]api.FileEntry, 0, len(entries)), Truncated: truncated}
+	for _, e := range entries {
+		out.Files = append(out.Files, api.FileEntry{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, ModifiedAt: e.ModTime.UTC()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// download: GET /sessions/{id}/files/{path}, with Range; or, with
+// ?presign=true, a signed URL for it.
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	presign, err := queryBool(q.Get("presign"), "presign")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rel, err := workspace.CleanPath(r.PathValue("path"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	file, fi, err := ws.Open(rel)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer file.Close()
+	if presign {
+		s.presign(w, r, file, path.Base(rel))
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	http.ServeContent(w, r, path.Base(rel), fi.ModTime(), file)
+}
+
+// deleteFile: DELETE /sessions/{id}/files/{path}.
+func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
+	recursive, err := queryBool(r.URL.Query().Get("recursive"), "recursive")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	rel, err := workspace.CleanPath(r.PathValue("path"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if rel == "." || rel == "uploads" {
+		s.writeError(w, r, fmt.Errorf("path %q cannot be deleted (delete the session, or a conversation, instead): %w", rel, errdefs.ErrInvalidArgument))
+		return
+	}
+	t, sid := tenant(r), r.PathValue("session_id")
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	if err := ws.Remove(rel, recursive); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.opt.Store.DeleteUploads(r.Context(), t, sid, rel); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// deleteConversation: DELETE /sessions/{id}/conversations/{cid}:
+// the conversation's uploads go at once and for good, and so do its
+// stateful contexts.
+func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
+	cid := r.PathValue("conversation_id")
+	if !session.ValidID(cid) {
+		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", cid, errdefs.ErrInvalidArgument))
+		return
+	}
+	t, sid := tenant(r), r.PathValue("session_id")
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	if err := ws.RemoveConversation(cid); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		s.writeError(w, r, err)
+		return
+	}
+	if err := s.opt.Store.DeleteConversationUploads(r.Context(), t, sid, cid); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	s.opt.Sessions.DropConversation(r.Context(), t, sid, cid)
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// Metrics are the server's Prometheus metrics, in a registry of
+// their own.
+type Metrics struct {
+	reg           *prometheus.Registry
+	requests      *prometheus.CounterVec
+	apiErrors     *prometheus.CounterVec
+	executions    *prometheus.CounterVec
+	execDuration  prometheus.Histogram
+	uploadBytes   prometheus.Counter
+	sandboxEvents *prometheus.CounterVec
+}
+
+// NewMetrics registers the metrics. Sessions by status are counted in the
+// store and sandboxes by state in the manager, at scrape time.
+func NewMetrics(st store.Store, sessions *session.Manager) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_http_requests_total", Help: "HTTP requests by method, route and status code.",
+		}, []string{"method", "route", "code"}),
+		apiErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_api_errors_total", Help: "Error responses by error code.",
+		}, []string{"code"}),
+		executions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_executions_total", Help: "Finished executions by final status.",
+		}, []string{"status"}),
+		execDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sbx_execution_duration_seconds", Help: "Execution run time in the sandbox.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 1800},
+		}),
+		uploadBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbx_upload_bytes_total", Help: "Bytes uploaded into workspaces.",
+		}),
+		sandboxEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_sandbox_events_total", Help: "Sandboxes created and destroyed.",
+		}, []string{"event"}),
+	}
+	m.reg.MustRegister(m.requests, m.apiErrors, m.executions, m.execDuration, m.uploadBytes, m.sandboxEvents,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if st != nil {
+		m.reg.MustRegister(&countCollector{
+			desc:  prometheus.NewDesc("sbx_sessions", "Sessions by status.", []string{"status"}, nil),
+			count: st.CountSessions,
+		})
+	}
+	if sessions != nil {
+		m.reg.MustRegister(&countCollector{
+			desc:  prometheus.NewDesc("sbx_sandboxes", "Sandboxes of this server by state (starting, running, paused).", []string{"state"}, nil),
+			count: func(context.Context) (map[string]int, error) { return sessions.SandboxCounts(), nil },
+		})
+	}
+	return m
+}
+
+// Handler serves the metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+}
+
+// ExecutionFinished counts an execution's end.
+func (m *Metrics) ExecutionFinished(status string, d time.Duration) {
+	m.executions.WithLabelValues(status).Inc()
+	m.execDuration.Observe(d.Seconds())
+}
+
+// SandboxEvent counts a sandbox created or destroyed.
+func (m *Metrics) SandboxEvent(event string) { m.sandboxEvents.WithLabelValues(event).Inc() }
+
+// countCollector exports counts by label computed at scrape time.
+type countCollector struct {
+	desc  *prometheus.Desc
+	count func(context.Context) (map[string]int, error)
+}
+
+func (c *countCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *countCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, err := c.count(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for label, n := range counts {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(n), label)
+	}
+}

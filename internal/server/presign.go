@@ -1,0 +1,135 @@
+package server
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Presigned downloads (R-22, R-81). A presigned URL names a copy of the
+// file in the blob store, addressed by its SHA-256, so it keeps working
+// whatever happens to the workspace (the file changes, the session is
+// deleted) until it expires: the behaviour of an S3 presigned URL, which
+// is what the S3 backend will hand out. The signature is an HMAC of the
+// blob, the name and the expiry under the server's signing key.
+
+const (
+	defaultPresignExpiry = 3600
+	maxPresignExpiry     = 7 * 24 * 3600
+)
+
+var blobNamePattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func (s *Server) sign(sum, name string, expires int64) string {
+	mac := hmac.New(sha256.New, s.opt.SigningKey)
+	fmt.Fprintf(mac, "%s\n%s\n%d", sum, name, expires)
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// presign copies file into the blob store (unless the same content is
+// there already) and answers with a signed URL for it.
+func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, name string) {
+	expiry, err := queryInt(r.URL.Query().Get("expires_in"), defaultPresignExpiry, 1, maxPresignExpiry, "expires_in")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, file); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sum := hex.EncodeToString(h.Sum(nil))
+	key := "presigned/" + sum
+	if _, err := s.opt.Blobs.Stat(r.Context(), key); err != nil {
+		if _, err := file.Seek(0, io.SeekStart); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		if _, err := s.opt.Blobs.Put(r.Context(), key, file); err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+	}
+	expires := time.Now().Add(time.Duration(expiry) * time.Second).Truncate(time.Second)
+	u := url.URL{
+		Path:     api.Prefix + "/presigned/" + sum + "/" + url.PathEscape(name),
+		RawQuery: url.Values{"expires": {strconv.FormatInt(expires.Unix(), 10)}, "signature": {s.sign(sum, name, expires.Unix())}}.Encode(),
+	}
+	if r.Host != "" {
+		u.Scheme, u.Host = "http", r.Host
+		if r.TLS != nil {
+			u.Scheme = "https"
+		}
+	}
+	writeJSON(w, http.StatusOK, api.PresignResponse{URL: u.String(), ExpiresAt: expires.UTC()})
+}
+
+// presigned: GET /presigned/{blob}/{name}: no API key, the signature is
+// the credential.
+func (s *Server) presigned(w http.ResponseWriter, r *http.Request) {
+	sum, name := r.PathValue("blob"), r.PathValue("name")
+	q := r.URL.Query()
+	expires, err := strconv.ParseInt(q.Get("expires"), 10, 64)
+	if err != nil || !blobNamePattern.MatchString(sum) {
+		s.writeError(w, r, fmt.Errorf("not a presigned URL of this server: %w", errPermissionDenied))
+		return
+	}
+	want := s.sign(sum, name, expires)
+	if !hmac.Equal([]byte(want), []byte(q.Get("signature"))) {
+		s.writeError(w, r, fmt.Errorf("the signature does not match: %w", errPermissionDenied))
+		return
+	}
+	if time.Now().Unix() > expires {
+		s.writeError(w, r, fmt.Errorf("the URL expired at %s: %w", time.Unix(expires, 0).UTC().Format(time.RFC3339), errPermissionDenied))
+		return
+	}
+	b, err := s.opt.Blobs.Open(r.Context(), "presigned/"+sum)
+	if err != nil {
+		s.writeError(w, r, fmt.Errorf("the file is no longer kept: %w", errdefs.ErrNotFound))
+		return
+	}
+	defer b.Close()
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Disposition", "attachment; filename*=UTF-8''"+url.PathEscape(name))
+	http.ServeContent(w, r, name, b.Info().ModTime, b)
+}
+
+// healthz: GET /healthz: the process is up.
+func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok"})
+}
+
+// readyz: GET /readyz: the store answers and sandboxes can be run.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	checks := map[string]string{"store": "ok"}
+	if err := s.opt.Store.Ping(r.Context()); err != nil {
+		checks["store"] = err.Error()
+	}
+	if s.opt.Ready != nil {
+		for name, err := range s.opt.Ready() {
+			checks[name] = "ok"
+			if err != nil {
+				checks[name] = err.Error()
+			}
+		}
+	}
+	for _, v := range checks {
+		if v != "ok" {
+			writeJSON(w, http.StatusServiceUnavailable, api.Health{Status: "unavailable", Checks: checks})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, api.Health{Status: "ok", Checks: checks})
+}

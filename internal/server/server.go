@@ -1,0 +1,142 @@
+// Package server is the control plane's HTTP API (api/openapi.yaml): the
+// handlers, one file per group of operations, and the edge concerns every
+// request passes through: request ids and logs, authentication and
+// tenancy, metrics, and the one place errors become HTTP statuses
+// (errors.go).
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/execution"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// Options configure a Server.
+type Options struct {
+	Store      store.Store
+	Sessions   *session.Manager
+	Executions *execution.Service
+	Blobs      blob.Store
+	// Keys maps API keys to tenants; empty means no authentication (every
+	// request is tenant "default"; the caller binds loopback only).
+	Keys Keys
+	// SigningKey signs presigned download URLs.
+	SigningKey []byte
+	Metrics    *Metrics
+	Log        *slog.Logger
+	// Ready reports whether the server can take work (for /readyz): each
+	// check's name and nil or what is wrong.
+	Ready func() map[string]error
+}
+
+// Server serves the API.
+type Server struct {
+	opt Options
+	log *slog.Logger
+	mux *http.ServeMux
+}
+
+// New returns the server; Handler is what to serve.
+func New(opt Options) *Server {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.Metrics == nil {
+		opt.Metrics = NewMetrics(opt.Store, opt.Sessions)
+	}
+	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// Metrics returns the server's metrics (for the execution and session
+// layers' hooks).
+func (s *Server) Metrics() *Metrics { return s.opt.Metrics }
+
+func (s *Server) routes() {
+	p := api.Prefix
+	// Operations: one handler each, in the files named after them.
+	s.handle("POST "+p+"/sessions", s.createSession)
+	s.handle("GET "+p+"/sessions", s.listSessions)
+	s.handle("GET "+p+"/sessions/{session_id}", s.getSession)
+	s.handle("DELETE "+p+"/sessions/{session_id}", s.deleteSession)
+	s.handle("POST "+p+"/sessions/{session_id}/pause", s.pauseSession)
+	s.handle("POST "+p+"/sessions/{session_id}/resume", s.resumeSession)
+	s.handle("POST "+p+"/sessions/{session_id}/keepalive", s.keepalive)
+	s.handle("POST "+p+"/sessions/{session_id}/execute", s.execute)
+	s.handle("GET "+p+"/sessions/{session_id}/executions", s.listExecutions)
+	s.handle("GET "+p+"/executions/{execution_id}", s.getExecution)
+	s.handle("GET "+p+"/executions/{execution_id}/result", s.getResult)
+	s.handle("POST "+p+"/executions/{execution_id}/cancel", s.cancelExecution)
+	s.handle("POST "+p+"/sessions/{session_id}/files/upload", s.upload)
+	s.handle("GET "+p+"/sessions/{session_id}/files", s.listFiles)
+	s.handle("GET "+p+"/sessions/{session_id}/files/{path...}", s.download)
+	s.handle("DELETE "+p+"/sessions/{session_id}/files/{path...}", s.deleteFile)
+	s.handle("DELETE "+p+"/sessions/{session_id}/conversations/{conversation_id}", s.deleteConversation)
+	s.mux.HandleFunc("GET "+p+"/presigned/{blob}/{name}", s.presigned)
+	s.mux.HandleFunc("GET /healthz", s.healthz)
+	s.mux.HandleFunc("GET /readyz", s.readyz)
+	s.mux.Handle("GET /metrics", s.opt.Metrics.Handler())
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		s.writeError(w, r, fmt.Errorf("no endpoint %s %s (see api/openapi.yaml): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
+	})
+}
+
+// handle registers an operation that needs a tenant.
+func (s *Server) handle(pattern string, h http.HandlerFunc) {
+	s.mux.Handle(pattern, s.authenticate(h))
+}
+
+// Handler is the whole API with its middleware.
+func (s *Server) Handler() http.Handler {
+	return s.observe(s.recoverPanics(s.mux))
+}
+
+// decodeJSON reads a JSON object into v: at most limit bytes, no unknown
+// fields, nothing after it. An empty body is an empty object when
+// optional.
+func decodeJSON(r *http.Request, v any, limit int64, optional bool) error {
+	body := http.MaxBytesReader(nil, r.Body, limit)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if err == io.EOF && optional {
+			return nil
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return withStatus(http.StatusRequestEntityTooLarge, "payload_too_large",
+				fmt.Errorf("request body is larger than %d bytes", limit))
+		}
+		if err == io.EOF {
+			return fmt.Errorf("request body is empty; want a JSON object: %w", errdefs.ErrInvalidArgument)
+		}
+		return fmt.Errorf("request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if dec.More() {
+		return fmt.Errorf("request body: data after the JSON object: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	enc.Encode(v)
+}
+
+// since is a time for logs.
+func since(t time.Time) float64 { return float64(time.Since(t).Microseconds()) / 1000 }

@@ -1,0 +1,689 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/apitest"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/server"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// noRuntime is a machine without a sandbox runtime: everything but
+// execution must still work (R-66).
+func noRuntime(string) (runtime.Runtime, error) {
+	return nil, fmt.Errorf("no runtime in unit tests: %w", errdefs.ErrUnavailable)
+}
+
+type testServer struct {
+	*httptest.Server
+	app  *server.App
+	dir  string
+	keys server.Keys
+}
+
+// start runs a server with a fresh data directory and no sandbox runtime,
+// every request and response checked against api/openapi.yaml.
+func start(t *testing.T, keySpecs ...string) *testServer {
+	t.Helper()
+	keys, err := server.ParseKeys(keySpecs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	app, err := server.Open(context.Background(), server.Config{
+		DataDir: dir, StateDir: filepath.Join(dir, "state"), Keys: keys, Runtime: noRuntime,
+		TemplateDir: filepath.Join(dir, "templates"), Log: testLog(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(apitest.Handler(t, app.Server.Handler()))
+	t.Cleanup(func() {
+		ts.Close()
+		app.Close()
+	})
+	return &testServer{Server: ts, app: app, dir: dir, keys: keys}
+}
+
+func (ts *testServer) client(key string) *client.Client {
+	if key == "" {
+		return client.New(ts.URL)
+	}
+	return client.New(ts.URL, client.WithAPIKey(key))
+}
+
+// do sends a raw request (for what the client would never send).
+func (ts *testServer) do(t *testing.T, method, path, ctype string, body io.Reader, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, ts.URL+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctype != "" {
+		req.Header.Set("Content-Type", ctype)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := noRedirects.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+// noRedirects shows redirects (the mux's for unclean paths) as they are.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// testLog sends the server's logs to the test's log, shown on failure.
+func testLog(t *testing.T) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(b)))
+	return len(b), nil
+}
+
+func errorCode(t *testing.T, b []byte) string {
+	t.Helper()
+	var e api.Error
+	if err := json.Unmarshal(b, &e); err != nil || e.Error.Code == "" || e.Error.Message == "" {
+		t.Fatalf("not an error body: %s", b)
+	}
+	return e.Error.Code
+}
+
+func TestCreateValidation(t *testing.T) {
+	ts := start(t)
+	cases := []struct{ name, body, want string }{
+		{"malformed", `{"template_id":`, "request body"},
+		{"unknown field", `{"tempalte_id":"python"}`, "unknown field"},
+		{"trailing", `{} {}`, "after the JSON object"},
+		{"unknown template", `{"template_id":"nope"}`, "no such template"},
+		{"bad template name", `{"template_id":"../x"}`, "template_id"},
+		{"bad id", `{"session_id":"../etc"}`, "session_id"},
+		{"id with dots", `{"session_id":"a..b"}`, "session_id"},
+		{"negative timeout", `{"timeout":-1}`, "timeout"},
+		{"huge timeout", `{"timeout":99999999}`, "timeout"},
+		{"negative idle", `{"idle_timeout":-5}`, "idle_timeout"},
+		{"absurd cpu", `{"resources":{"cpu":1000}}`, "resources.cpu"},
+		{"absurd memory", `{"resources":{"memory":99999999}}`, "resources.memory"},
+		{"tiny disk", `{"resources":{"disk":1}}`, "resources.disk"},
+		{"network", `{"network":"host"}`, "network"},
+		{"env name", `{"env_vars":{"A=B":"c"}}`, "env_vars"},
+		{"metadata key", `{"metadata":{"a b":"c"}}`, "metadata"},
+		{"unit", `{"file_upload_config":{"max_file_size_unit":"TB"}}`, "max_file_size_unit"},
+		{"negative size", `{"file_upload_config":{"max_file_size":-1}}`, "max_file_size"},
+		{"file type", `{"file_upload_config":{"allowed_file_types":["../x"]}}`, "allowed_file_types"},
+		{"wrong type", `{"timeout":"10"}`, "request body"},
+	}
+	t.Run("too large", func(t *testing.T) {
+		body := `{"metadata":{"a":"` + strings.Repeat("x", 3<<20) + `"}}`
+		resp, b := ts.do(t, "POST", "/api/v1/sessions", "application/json", strings.NewReader(body))
+		if resp.StatusCode != 413 || errorCode(t, b) != "payload_too_large" {
+			t.Errorf("3 MiB body: %d %s", resp.StatusCode, b)
+		}
+	})
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, b := ts.do(t, "POST", "/api/v1/sessions", "application/json", strings.NewReader(c.body))
+			if resp.StatusCode != 400 || errorCode(t, b) != "invalid_argument" || !strings.Contains(string(b), c.want) {
+				t.Errorf("%s: %d %s, want 400 mentioning %q", c.body, resp.StatusCode, b, c.want)
+			}
+		})
+	}
+}
+
+func TestSessionCRUD(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	s, created, err := c.CreateSession(ctx, api.CreateSessionRequest{
+		SessionID: "s1", TemplateID: "python", Metadata: map[string]string{"user_id": "u1", "agent_id": "a1"},
+		EnvVars: map[string]string{"SECRET": "x"}, Timeout: 3600,
+	})
+	if err != nil || !created {
+		t.Fatalf("create: %v (created %v)", err, created)
+	}
+	if s.SessionID != "s1" || (s.Status != api.StatusPending && s.Status != api.StatusError) || s.TTL != 3600 {
+		t.Errorf("created session: %+v", s)
+	}
+	if len(s.EnvVars) != 1 || s.EnvVars[0] != "SECRET" {
+		t.Errorf("env_vars shown as %v, want the names only", s.EnvVars)
+	}
+	if !s.ExpiresAt.After(s.CreatedAt.Add(59 * time.Minute)) {
+		t.Errorf("expires_at %v, created_at %v", s.ExpiresAt, s.CreatedAt)
+	}
+	again, created, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s1"})
+	if err != nil || created || again.CreatedAt != s.CreatedAt {
+		t.Errorf("second create: %v, created %v", err, created)
+	}
+	if _, err := c.GetSession(ctx, "nope"); !client.IsNotFound(err) {
+		t.Errorf("get unknown: %v, want not found", err)
+	}
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s2", Metadata: map[string]string{"user_id": "u2"}})
+	list, err := c.ListSessions(ctx, client.ListSessionsOptions{UserID: "u1"})
+	if err != nil || len(list.Sessions) != 1 || list.Sessions[0].SessionID != "s1" {
+		t.Errorf("list user u1: %+v, %v", list, err)
+	}
+	del, err := c.DeleteSession(ctx, "s1")
+	if err != nil || del.Status != api.StatusTerminated {
+		t.Fatalf("delete: %+v, %v", del, err)
+	}
+	if del, err = c.DeleteSession(ctx, "s1"); err != nil || del.Status != api.StatusTerminated {
+		t.Errorf("delete again: %+v, %v", del, err)
+	}
+	if _, err := c.DeleteSession(ctx, "never"); !client.IsNotFound(err) {
+		t.Errorf("delete unknown: %v, want not found", err)
+	}
+	if got, _ := c.GetSession(ctx, "s1"); got == nil || got.Status != api.StatusTerminated {
+		t.Errorf("get after delete: %+v", got)
+	}
+	// A terminated id can be created again, as a new session.
+	if _, created, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s1"}); err != nil || !created {
+		t.Errorf("recreate: %v, created %v", err, created)
+	}
+	if _, err := c.PauseSession(ctx, "s2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("pause without a sandbox: %v, want failed precondition", err)
+	}
+	if _, err := c.Keepalive(ctx, "s2", 7200); err != nil {
+		t.Errorf("keepalive: %v", err)
+	}
+}
+
+func TestPagination(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	for i := range 25 {
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: fmt.Sprintf("p%02d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[string]bool{}
+	token := ""
+	for pages := 0; ; pages++ {
+		page, err := c.ListSessions(ctx, client.ListSessionsOptions{Limit: 10, PageToken: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range page.Sessions {
+			if seen[s.SessionID] {
+				t.Errorf("%s listed twice", s.SessionID)
+			}
+			seen[s.SessionID] = true
+		}
+		if token = page.NextPageToken; token == "" {
+			break
+		}
+	}
+	if len(seen) != 25 {
+		t.Errorf("listed %d sessions, want 25", len(seen))
+	}
+	resp, b := ts.do(t, "GET", "/api/v1/sessions?page_token=garbage", "", nil)
+	if resp.StatusCode != 400 {
+		t.Errorf("bad page token: %d %s", resp.StatusCode, b)
+	}
+	resp, b = ts.do(t, "GET", "/api/v1/sessions?limit=0", "", nil)
+	if resp.StatusCode != 400 {
+		t.Errorf("limit 0: %d %s", resp.StatusCode, b)
+	}
+}
+
+func TestIdempotentCreateConcurrent(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	created, errs := 0, 0
+	var first time.Time
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, ok, err := c.CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "same"})
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs++
+				return
+			}
+			if ok {
+				created++
+			}
+			if first.IsZero() {
+				first = s.CreatedAt
+			} else if !s.CreatedAt.Equal(first) {
+				t.Errorf("two sessions for one id: created at %v and %v", first, s.CreatedAt)
+			}
+		}()
+	}
+	wg.Wait()
+	if created != 1 || errs != 0 {
+		t.Errorf("50 creates of one id: %d created, %d errors; want 1 and 0", created, errs)
+	}
+}
+
+func TestAuthAndTenancy(t *testing.T) {
+	ts := start(t, "key-alpha-123:alpha", "key-beta-4567:beta")
+	ctx := context.Background()
+	resp, b := ts.do(t, "GET", "/api/v1/sessions", "", nil)
+	if resp.StatusCode != 401 || errorCode(t, b) != "unauthenticated" {
+		t.Errorf("no key: %d %s", resp.StatusCode, b)
+	}
+	resp, _ = ts.do(t, "GET", "/api/v1/sessions", "", nil, "Authorization", "Bearer wrong-key-000")
+	if resp.StatusCode != 401 {
+		t.Errorf("wrong key: %d", resp.StatusCode)
+	}
+	resp, _ = ts.do(t, "GET", "/api/v1/sessions", "", nil, "X-API-Key", "key-beta-4567")
+	if resp.StatusCode != 200 {
+		t.Errorf("X-API-Key: %d", resp.StatusCode)
+	}
+	alpha, beta := ts.client("key-alpha-123"), ts.client("key-beta-4567")
+	if _, _, err := alpha.CreateSession(ctx, api.CreateSessionRequest{SessionID: "mine"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alpha.Upload(ctx, "mine", client.UploadOptions{}, client.UploadFile{Name: "secret.txt", Reader: strings.NewReader("alpha's")}); err != nil {
+		t.Fatal(err)
+	}
+	// Beta sees nothing of alpha's, and every attempt is a 404.
+	if _, err := beta.GetSession(ctx, "mine"); !client.IsNotFound(err) {
+		t.Errorf("beta get: %v", err)
+	}
+	if l, _ := beta.ListSessions(ctx, client.ListSessionsOptions{}); l == nil || len(l.Sessions) != 0 {
+		t.Errorf("beta list: %+v", l)
+	}
+	if _, err := beta.ListFiles(ctx, "mine", client.ListFilesOptions{}); !client.IsNotFound(err) {
+		t.Errorf("beta list files: %v", err)
+	}
+	if _, err := beta.Download(ctx, "mine", "secret.txt", io.Discard); !client.IsNotFound(err) {
+		t.Errorf("beta download: %v", err)
+	}
+	if _, err := beta.Submit(ctx, "mine", api.ExecuteRequest{Code: "print(1)"}); !client.IsNotFound(err) {
+		t.Errorf("beta execute: %v", err)
+	}
+	if _, err := beta.DeleteSession(ctx, "mine"); !client.IsNotFound(err) {
+		t.Errorf("beta delete: %v", err)
+	}
+	// The same id in beta is another session.
+	if _, created, err := beta.CreateSession(ctx, api.CreateSessionRequest{SessionID: "mine"}); err != nil || !created {
+		t.Errorf("beta create of the same id: %v, created %v", err, created)
+	}
+	if _, err := alpha.GetSession(ctx, "mine"); err != nil {
+		t.Errorf("alpha's session after beta's create: %v", err)
+	}
+	// An execution id of alpha's is unknown to beta.
+	sub, err := alpha.Submit(ctx, "mine", api.ExecuteRequest{Code: "print(1)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := beta.GetExecution(ctx, sub.ExecutionID); !client.IsNotFound(err) {
+		t.Errorf("beta get alpha's execution: %v", err)
+	}
+	if _, err := beta.CancelExecution(ctx, sub.ExecutionID); !client.IsNotFound(err) {
+		t.Errorf("beta cancel alpha's execution: %v", err)
+	}
+}
+
+func TestRefusesOpenAddressWithoutKeys(t *testing.T) {
+	if err := server.CheckAddr("0.0.0.0:7070", nil); err == nil {
+		t.Error("0.0.0.0 without keys accepted")
+	}
+	if err := server.CheckAddr("127.0.0.1:7070", nil); err != nil {
+		t.Error(err)
+	}
+	keys, _ := server.ParseKeys([]string{"abcdefgh"})
+	if err := server.CheckAddr("0.0.0.0:7070", keys); err != nil {
+		t.Error(err)
+	}
+	for _, bad := range []string{"short", "has space:t", "goodkey1:bad/tenant"} {
+		if _, err := server.ParseKeys([]string{bad}); err == nil {
+			t.Errorf("ParseKeys(%q) accepted", bad)
+		}
+	}
+}
+
+func TestExecuteWithoutRuntime(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s"})
+	for _, body := range []string{
+		`{}`, `{"code":"print(1)","language":"ruby"}`, `{"code":"x","timeout":-1}`,
+		`{"code":"x","conversation_id":"../c"}`, `{"code":"x","context_id":"a/b"}`, `{"code":"x","bogus":1}`,
+		`{"code":"x","env_vars":{"A=B":"1"}}`,
+	} {
+		resp, b := ts.do(t, "POST", "/api/v1/sessions/s/execute", "application/json", strings.NewReader(body))
+		if resp.StatusCode != 400 {
+			t.Errorf("%s: %d %s, want 400", body, resp.StatusCode, b)
+		}
+	}
+	resp, b := ts.do(t, "POST", "/api/v1/sessions/none/execute", "application/json", strings.NewReader(`{"code":"1"}`))
+	if resp.StatusCode != 404 {
+		t.Errorf("unknown session: %d %s", resp.StatusCode, b)
+	}
+	// No runtime: a clear, retryable error, and the session is still there.
+	_, err := c.Execute(ctx, "s", api.ExecuteRequest{Code: "print(1)"})
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != 503 || ae.RetryAfter == 0 {
+		t.Errorf("execute without a runtime: %v, want 503 with Retry-After", err)
+	}
+	_, err = c.ExecuteStream(ctx, "s", api.ExecuteRequest{Code: "print(1)"}, nil)
+	if !errors.As(err, &ae) || ae.StatusCode != 503 {
+		t.Errorf("stream without a runtime: %v, want an unavailable error event", err)
+	}
+	sub, err := c.Submit(ctx, "s", api.ExecuteRequest{Code: "print(1)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.GetResult(ctx, sub.ExecutionID, true, 10*time.Second)
+	if err != nil || res.Status != api.ExecFailed || res.Error == nil || res.Error.Type != "SandboxUnavailable" {
+		t.Errorf("result: %+v, %v", res, err)
+	}
+	hist, err := c.ListExecutions(ctx, "s", 10, "")
+	if err != nil || len(hist.Executions) < 2 || hist.Executions[0].ExecutionID != sub.ExecutionID {
+		t.Errorf("history: %+v, %v", hist, err)
+	}
+	if _, err := c.GetExecution(ctx, "exec-nope"); !client.IsNotFound(err) {
+		t.Errorf("unknown execution: %v", err)
+	}
+}
+
+func TestFiles(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "f", FileUploadConfig: &api.FileUploadConfig{
+		MaxFileSize: 64, MaxFileSizeUnit: "KB", MaxFileCount: 3, AllowedFileTypes: []string{".csv", "text/plain", "image/*"},
+	}})
+	up, err := c.Upload(ctx, "f", client.UploadOptions{Path: "data/"}, client.UploadFile{Name: "a.csv", Reader: strings.NewReader("x,y\n1,2\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := up.Files[0]; f.Path != "data/a.csv" || f.SandboxPath != "/workspace/data/a.csv" || f.Size != 8 || len(f.SHA256) != 64 {
+		t.Errorf("upload: %+v", f)
+	}
+	var buf bytes.Buffer
+	if _, err := c.Download(ctx, "f", "data/a.csv", &buf); err != nil || buf.String() != "x,y\n1,2\n" {
+		t.Errorf("download: %q, %v", buf.String(), err)
+	}
+	// Range.
+	resp, b := ts.do(t, "GET", "/api/v1/sessions/f/files/data/a.csv", "", nil, "Range", "bytes=2-4")
+	if resp.StatusCode != 206 || string(b) != "y\n1" {
+		t.Errorf("range: %d %q", resp.StatusCode, b)
+	}
+	resp, _ = ts.do(t, "GET", "/api/v1/sessions/f/files/data/a.csv", "", nil, "Range", "bytes=100-")
+	if resp.StatusCode != 416 {
+		t.Errorf("unsatisfiable range: %d", resp.StatusCode)
+	}
+	// Limits: size (413), type (415), count (409), count in one request (422).
+	_, err = c.Upload(ctx, "f", client.UploadOptions{}, client.UploadFile{Name: "big.csv", Reader: bytes.NewReader(make([]byte, 65*1024))})
+	wantStatus(t, "too large", err, 413)
+	_, err = c.Upload(ctx, "f", client.UploadOptions{}, client.UploadFile{Name: "x.exe", Reader: strings.NewReader("MZ"), ContentType: "application/octet-stream"})
+	wantStatus(t, "type", err, 415)
+	_, err = c.Upload(ctx, "f", client.UploadOptions{}, client.UploadFile{Name: "p.png", Reader: strings.NewReader("png"), ContentType: "image/png"})
+	if err != nil {
+		t.Errorf("image/* allowed: %v", err)
+	}
+	files := func(n int) []client.UploadFile {
+		var out []client.UploadFile
+		for i := range n {
+			out = append(out, client.UploadFile{Name: fmt.Sprintf("n%d.csv", i), Reader: strings.NewReader("1")})
+		}
+		return out
+	}
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "g", FileUploadConfig: &api.FileUploadConfig{MaxFileCount: 3}})
+	_, err = c.Upload(ctx, "g", client.UploadOptions{}, files(4)...)
+	wantStatus(t, "four in one request", err, 422)
+	_, err = c.Upload(ctx, "f", client.UploadOptions{}, files(2)...)
+	wantStatus(t, "past the count", err, 409)
+	// A failed request stored none of its files.
+	list, err := c.ListFiles(ctx, "f", client.ListFilesOptions{Recursive: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range list.Files {
+		if strings.HasPrefix(f.Name, "n") || f.Name == "big.csv" || strings.HasPrefix(f.Name, ".sbx") {
+			t.Errorf("a refused upload left %s", f.Path)
+		}
+	}
+	if err := c.DeleteFile(ctx, "f", "data/a.csv", false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteFile(ctx, "f", "data/a.csv", false); !client.IsNotFound(err) {
+		t.Errorf("delete again: %v", err)
+	}
+	// Deleting freed a slot.
+	if _, err := c.Upload(ctx, "f", client.UploadOptions{}, files(1)...); err != nil {
+		t.Errorf("upload after delete: %v", err)
+	}
+	if _, err := c.Download(ctx, "f", "nope.csv", io.Discard); !client.IsNotFound(err) {
+		t.Errorf("download missing: %v", err)
+	}
+}
+
+func wantStatus(t *testing.T, what string, err error, code int) {
+	t.Helper()
+	var ae *client.APIError
+	if !errors.As(err, &ae) || ae.StatusCode != code || ae.Message == "" {
+		t.Errorf("%s: %v, want status %d", what, err, code)
+	}
+}
+
+func TestPathSafety(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "p"})
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "other"})
+	c.Upload(ctx, "other", client.UploadOptions{}, client.UploadFile{Name: "theirs.txt", Reader: strings.NewReader("other's")})
+	ws := filepath.Join(ts.dir, "workspaces", "default", "p")
+	outside := filepath.Join(ts.dir, "outside.txt")
+	os.WriteFile(outside, []byte("host secret"), 0o644)
+	// What sandboxed code could plant in its workspace.
+	os.Symlink(outside, filepath.Join(ws, "abs-link"))
+	os.Symlink("../other/theirs.txt", filepath.Join(ws, "rel-link"))
+	os.Symlink("/etc", filepath.Join(ws, "etc-dir"))
+	for _, p := range []string{
+		"abs-link", "rel-link", "etc-dir/passwd", "..%2F..%2Foutside.txt", "%2Fetc%2Fpasswd",
+		"a%00b", "..", "data/../../x",
+	} {
+		resp, b := ts.do(t, "GET", "/api/v1/sessions/p/files/"+p, "", nil)
+		if resp.StatusCode == 200 || strings.Contains(string(b), "secret") || strings.Contains(string(b), "root:") || strings.Contains(string(b), "other's") {
+			t.Errorf("GET %s: %d %q", p, resp.StatusCode, b)
+		}
+	}
+	for _, p := range []string{"../x", "/etc/cron.d/x", "etc-dir/evil", "abs-link", "a\x00b"} {
+		_, err := c.Upload(ctx, "p", client.UploadOptions{Path: p}, client.UploadFile{Name: "f.txt", Reader: strings.NewReader("pwned")})
+		if err == nil && p != "abs-link" {
+			t.Errorf("upload to %q accepted", p)
+		}
+	}
+	if b, _ := os.ReadFile(outside); string(b) != "host secret" {
+		t.Errorf("the file outside the workspace became %q", b)
+	}
+	if _, err := os.Stat("/etc/evil"); err == nil {
+		t.Error("an upload wrote /etc/evil")
+	}
+	for _, p := range []string{"abs-link", "etc-dir"} {
+		// Deleting a link removes the link, never its target.
+		c.DeleteFile(ctx, "p", p, true)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Errorf("deleting a link removed its target: %v", err)
+	}
+	if _, err := os.Stat("/etc/passwd"); err != nil {
+		t.Error("/etc/passwd is gone")
+	}
+	for _, q := range []string{"path=../", "path=/etc", "path=etc-dir"} {
+		resp, b := ts.do(t, "GET", "/api/v1/sessions/p/files?"+q, "", nil)
+		if resp.StatusCode == 200 && strings.Contains(string(b), "passwd") {
+			t.Errorf("list %s showed the host: %s", q, b)
+		}
+	}
+}
+
+func TestConversationUploads(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "c"})
+	up, err := c.Upload(ctx, "c", client.UploadOptions{ConversationID: "c1", Subdir: "temparea"}, client.UploadFile{Name: "doc.pdf", Reader: strings.NewReader("%PDF")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := up.Files[0]; f.Path != "uploads/c1/temparea/doc.pdf" || f.SandboxPath != "/workspace/uploads/temparea/doc.pdf" {
+		t.Errorf("conversation upload: %+v", f)
+	}
+	c.Upload(ctx, "c", client.UploadOptions{ConversationID: "c2"}, client.UploadFile{Name: "other.pdf", Reader: strings.NewReader("%PDF")})
+	// Agent-made files in the workspace never show in a temparea listing.
+	os.WriteFile(filepath.Join(ts.dir, "workspaces/default/c/agent.txt"), []byte("x"), 0o644)
+	list, err := c.ListFiles(ctx, "c", client.ListFilesOptions{ConversationID: "c1", Subdir: "temparea"})
+	if err != nil || len(list.Files) != 1 || list.Files[0].Name != "doc.pdf" {
+		t.Errorf("temparea listing of c1: %+v, %v", list, err)
+	}
+	if _, err := c.Upload(ctx, "c", client.UploadOptions{Path: "uploads/x"}, client.UploadFile{Name: "f", Reader: strings.NewReader("x")}); err == nil {
+		t.Error("an upload into uploads/ without conversation_id was accepted")
+	}
+	if err := c.DeleteConversation(ctx, "c", "c1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.DeleteConversation(ctx, "c", "c1"); err != nil {
+		t.Errorf("purge again: %v", err)
+	}
+	list, _ = c.ListFiles(ctx, "c", client.ListFilesOptions{ConversationID: "c1", Subdir: "temparea"})
+	if list == nil || len(list.Files) != 0 {
+		t.Errorf("after purge: %+v", list)
+	}
+	if _, err := os.Stat(filepath.Join(ts.dir, "workspaces/default/c/uploads/c1")); !os.IsNotExist(err) {
+		t.Errorf("purged conversation still on disk: %v", err)
+	}
+	list, _ = c.ListFiles(ctx, "c", client.ListFilesOptions{ConversationID: "c2", Subdir: "temparea"})
+	if list == nil || len(list.Files) != 1 {
+		t.Errorf("c2 after purging c1: %+v", list)
+	}
+}
+
+func TestPresign(t *testing.T) {
+	ts := start(t, "presign-key-1:t")
+	c := ts.client("presign-key-1")
+	ctx := context.Background()
+	c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "d"})
+	c.Upload(ctx, "d", client.UploadOptions{}, client.UploadFile{Name: "chart.png", Reader: strings.NewReader("PNGDATA")})
+	p, err := c.Presign(ctx, "d", "chart.png", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.ExpiresAt.After(time.Now()) {
+		t.Errorf("expires_at %v", p.ExpiresAt)
+	}
+	// No API key needed: the signature is the credential.
+	resp, err := http.Get(p.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "PNGDATA" {
+		t.Errorf("presigned GET: %d %q", resp.StatusCode, b)
+	}
+	// The URL outlives the session.
+	c.DeleteSession(ctx, "d")
+	if resp, err := http.Get(p.URL); err != nil || resp.StatusCode != 200 {
+		t.Errorf("presigned GET after the session's deletion: %v %v", resp.StatusCode, err)
+	} else {
+		resp.Body.Close()
+	}
+	for name, u := range map[string]string{
+		"tampered": strings.Replace(p.URL, "signature=", "signature=00", 1),
+		"expired":  strings.Replace(p.URL, "expires=", "expires=1", 1),
+		"renamed":  strings.Replace(p.URL, "chart.png", "other.png", 1),
+	} {
+		resp, err := http.Get(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 403 || errorCode(t, b) != "permission_denied" {
+			t.Errorf("%s URL: %d %s", name, resp.StatusCode, b)
+		}
+	}
+}
+
+func TestHealthAndMetrics(t *testing.T) {
+	ts := start(t)
+	resp, b := ts.do(t, "GET", "/healthz", "", nil)
+	if resp.StatusCode != 200 {
+		t.Errorf("healthz: %d %s", resp.StatusCode, b)
+	}
+	resp, b = ts.do(t, "GET", "/readyz", "", nil)
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "runtime") {
+		t.Errorf("readyz without a runtime: %d %s", resp.StatusCode, b)
+	}
+	c := ts.client("")
+	c.CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "m"})
+	c.Upload(context.Background(), "m", client.UploadOptions{}, client.UploadFile{Name: "a.txt", Reader: strings.NewReader("12345")})
+	ts.do(t, "GET", "/api/v1/sessions/none", "", nil)
+	resp, b = ts.do(t, "GET", "/metrics", "", nil)
+	for _, want := range []string{"sbx_sessions{status=", "sbx_upload_bytes_total 5", `sbx_api_errors_total{code="not_found"}`, "sbx_http_requests_total", "sbx_sandboxes{state="} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if resp.Header.Get("X-Request-Id") == "" {
+		t.Error("no X-Request-Id")
+	}
+	// (Not through the contract checker, which rightly refuses the path.)
+	rec := httptest.NewRecorder()
+	ts.app.Server.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/api/v1/nothing", nil))
+	if rec.Code != 404 || errorCode(t, rec.Body.Bytes()) != "not_found" {
+		t.Errorf("unknown path: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestUploadStreamsFieldsFirst(t *testing.T) {
+	ts := start(t)
+	ts.client("").CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "u"})
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, _ := mw.CreateFormFile("file", "a.txt")
+	fw.Write([]byte("x"))
+	mw.WriteField("path", "dir/")
+	mw.Close()
+	resp, b := ts.do(t, "POST", "/api/v1/sessions/u/files/upload", mw.FormDataContentType(), &body)
+	if resp.StatusCode != 400 || !strings.Contains(string(b), "before the files") {
+		t.Errorf("field after file: %d %s", resp.StatusCode, b)
+	}
+	resp, b = ts.do(t, "POST", "/api/v1/sessions/u/files/upload", "application/json", strings.NewReader("{}"))
+	if resp.StatusCode != 400 {
+		t.Errorf("not multipart: %d %s", resp.StatusCode, b)
+	}
+}

@@ -1,0 +1,180 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+const maxJSONBody = 2 << 20
+
+// toAPISession is a session as the API shows it.
+func toAPISession(s *session.Session) api.Session {
+	env := make([]string, 0, len(s.Config.Env))
+	for k := range s.Config.Env {
+		env = append(env, k)
+	}
+	slices.Sort(env)
+	meta := s.Metadata
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	up := s.Config.Upload
+	if up.AllowedFileTypes == nil {
+		up.AllowedFileTypes = []string{}
+	}
+	return api.Session{
+		SessionID: s.ID, Status: s.Status, TemplateID: s.TemplateID, Error: s.Error,
+		CreatedAt: s.CreatedAt, LastActivityAt: s.LastActivityAt, ExpiresAt: s.ExpiresAt,
+		TTL: s.Config.TTL, IdleTimeout: s.Config.IdleTimeout, Resources: s.Config.Resources,
+		Network: s.Config.Network, Metadata: meta, FileUploadConfig: up, EnvVars: env,
+	}
+}
+
+// createSession: POST /sessions. 201 for a new session, 200 for an
+// existing one.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
+	var req api.CreateSessionRequest
+	if err := decodeJSON(r, &req, maxJSONBody, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, created, err := s.opt.Sessions.Create(r.Context(), tenant(r), req)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+	}
+	writeJSON(w, code, toAPISession(sess))
+}
+
+// getSession: GET /sessions/{id}.
+func (s *Server) getSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.Get(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// listSessions: GET /sessions.
+func (s *Server) listSessions(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := store.SessionFilter{Tenant: tenant(r), Status: q.Get("status"), PageToken: q.Get("page_token"), Metadata: map[string]string{}}
+	switch f.Status {
+	case "", api.StatusPending, api.StatusRunning, api.StatusPaused, api.StatusHibernated, api.StatusError, api.StatusTerminated:
+	default:
+		s.writeError(w, r, fmt.Errorf("status %q: want pending, running, paused, hibernated, error or terminated: %w", f.Status, errdefs.ErrInvalidArgument))
+		return
+	}
+	limit, err := queryInt(q.Get("limit"), 100, 1, 1000, "limit")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	f.Limit = limit
+	for _, kv := range q["metadata"] {
+		k, v, ok := strings.Cut(kv, ":")
+		if !ok || k == "" {
+			s.writeError(w, r, fmt.Errorf("metadata %q: want KEY:VALUE: %w", kv, errdefs.ErrInvalidArgument))
+			return
+		}
+		f.Metadata[k] = v
+	}
+	if v := q.Get("user_id"); v != "" {
+		f.Metadata["user_id"] = v
+	}
+	if v := q.Get("agent_id"); v != "" {
+		f.Metadata["agent_id"] = v
+	}
+	list, next, err := s.opt.Sessions.List(r.Context(), f)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := api.SessionList{Sessions: make([]api.Session, 0, len(list)), NextPageToken: next}
+	for _, sess := range list {
+		out.Sessions = append(out.Sessions, toAPISession(sess))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// deleteSession: DELETE /sessions/{id}.
+func (s *Server) deleteSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.Delete(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.DeleteSessionResponse{SessionID: sess.ID, Status: sess.Status})
+}
+
+// pauseSession: POST /sessions/{id}/pause.
+func (s *Server) pauseSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.Pause(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// resumeSession: POST /sessions/{id}/resume.
+func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.Resume(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// keepalive: POST /sessions/{id}/keepalive.
+func (s *Server) keepalive(w http.ResponseWriter, r *http.Request) {
+	var req api.KeepaliveRequest
+	if err := decodeJSON(r, &req, maxJSONBody, true); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sess, err := s.opt.Sessions.Keepalive(r.Context(), tenant(r), r.PathValue("session_id"), req.Timeout)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// queryInt reads an integer query parameter in [lo, hi], def when absent.
+func queryInt(v string, def, lo, hi int, name string) (int, error) {
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("%s %q: want an integer %d..%d: %w", name, v, lo, hi, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
+// queryBool reads a boolean query parameter, true or false as the
+// contract says; absent is false.
+func queryBool(v, name string) (bool, error) {
+	switch v {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, fmt.Errorf("%s %q: want true or false: %w", name, v, errdefs.ErrInvalidArgument)
+}
