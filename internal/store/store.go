@@ -49,6 +49,14 @@ type Store interface {
 	// CountSessions counts the sessions of every tenant by status, for
 	// metrics.
 	CountSessions(ctx context.Context) (map[string]int, error)
+	// ListDueSessions returns up to limit sessions of every tenant whose
+	// DueAt is set and not after before, earliest first: the reaper's
+	// work. limit is 1..1000.
+	ListDueSessions(ctx context.Context, before time.Time, limit int) ([]*Session, error)
+	// ListSandboxSessions returns the sessions of every tenant that name a
+	// sandbox and are not terminated: what a starting server reconciles
+	// with the sandboxes that exist.
+	ListSandboxSessions(ctx context.Context) ([]*Session, error)
 
 	// CreateExecution records a new execution; errdefs.ErrAlreadyExists if
 	// an execution has that id, in any tenant (execution ids are global).
@@ -113,6 +121,9 @@ type Session struct {
 	Config   json.RawMessage
 	// CreatedAt is required; it orders ListSessions.
 	CreatedAt, UpdatedAt, LastActivityAt, ExpiresAt time.Time
+	// DueAt is when the session next needs the reaper's attention (an
+	// idle timeout, its TTL); zero for never. The layer above computes it.
+	DueAt time.Time
 }
 
 // Execution is one execution's record.

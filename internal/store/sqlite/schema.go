@@ -80,6 +80,12 @@ CREATE TABLE uploads (
 ) WITHOUT ROWID;
 CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversation_id, path);
 `,
+	// 2: the reaper's schedule. A partial index: sessions that are never
+	// due (terminated ones) cost it nothing.
+	`
+ALTER TABLE sessions ADD COLUMN due_at INTEGER;
+CREATE INDEX sessions_by_due ON sessions (due_at) WHERE due_at IS NOT NULL;
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

@@ -9,13 +9,14 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
 const sessionColumns = `tenant, id, status, template_id, sandbox_id, error_message, metadata, config,
-	created_at, updated_at, last_activity_at, expires_at`
+	created_at, updated_at, last_activity_at, expires_at, due_at`
 
 // CreateSession implements store.Store.
 func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
@@ -24,7 +25,7 @@ func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
 		return err
 	}
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO sessions (`+sessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		_, err := tx.ExecContext(ctx, `INSERT INTO sessions (`+sessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 		if isDuplicate(err) {
 			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrAlreadyExists)
 		}
@@ -62,7 +63,7 @@ func (s *Store) UpdateSession(ctx context.Context, sess *store.Session) error {
 	args = append(args[2:], sess.Tenant, sess.ID)
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE sessions SET status = ?, template_id = ?, sandbox_id = ?, error_message = ?,
-			metadata = ?, config = ?, created_at = ?, updated_at = ?, last_activity_at = ?, expires_at = ?
+			metadata = ?, config = ?, created_at = ?, updated_at = ?, last_activity_at = ?, expires_at = ?, due_at = ?
 			WHERE tenant = ? AND id = ?`, args...)
 		if err != nil {
 			return err
@@ -157,21 +158,9 @@ func (s *Store) ListSessions(ctx context.Context, f store.SessionFilter) ([]*sto
 	q.WriteString(` ORDER BY ` + at + ` DESC, ` + id + ` DESC LIMIT ?`)
 	args = append(args, limit+1)
 
-	rows, err := s.r.QueryContext(ctx, q.String(), args...)
+	out, err := s.querySessions(ctx, "list sessions", q.String(), args...)
 	if err != nil {
-		return nil, "", dbErr("list sessions", err)
-	}
-	defer rows.Close()
-	var out []*store.Session
-	for rows.Next() {
-		sess, err := scanSession(rows)
-		if err != nil {
-			return nil, "", dbErr("list sessions", err)
-		}
-		out = append(out, sess)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, "", dbErr("list sessions", err)
+		return nil, "", err
 	}
 	next := ""
 	if len(out) > limit {
@@ -180,6 +169,41 @@ func (s *Store) ListSessions(ctx context.Context, f store.SessionFilter) ([]*sto
 		next = store.EncodePageToken(last.CreatedAt, last.ID)
 	}
 	return out, next, nil
+}
+
+// ListDueSessions implements store.Store.
+func (s *Store) ListDueSessions(ctx context.Context, before time.Time, limit int) ([]*store.Session, error) {
+	if limit < 1 || limit > 1000 {
+		return nil, fmt.Errorf("list due sessions: limit %d: want 1..1000: %w", limit, errdefs.ErrInvalidArgument)
+	}
+	return s.querySessions(ctx, "list due sessions", `SELECT `+sessionColumns+` FROM sessions
+		WHERE due_at IS NOT NULL AND due_at <= ? ORDER BY due_at LIMIT ?`, before.UnixMicro(), limit)
+}
+
+// ListSandboxSessions implements store.Store.
+func (s *Store) ListSandboxSessions(ctx context.Context) ([]*store.Session, error) {
+	return s.querySessions(ctx, "list sandbox sessions", `SELECT `+sessionColumns+` FROM sessions
+		WHERE sandbox_id != '' AND status != 'terminated'`)
+}
+
+func (s *Store) querySessions(ctx context.Context, what, q string, args ...any) ([]*store.Session, error) {
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, dbErr(what, err)
+	}
+	defer rows.Close()
+	var out []*store.Session
+	for rows.Next() {
+		sess, err := scanSession(rows)
+		if err != nil {
+			return nil, dbErr(what, err)
+		}
+		out = append(out, sess)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbErr(what, err)
+	}
+	return out, nil
 }
 
 // CountSessions implements store.Store.
@@ -229,7 +253,7 @@ func sessionArgs(sess *store.Session) ([]any, error) {
 	}
 	return []any{
 		sess.Tenant, sess.ID, sess.Status, sess.TemplateID, sess.SandboxID, sess.Error, string(meta), rawJSON(sess.Config),
-		micros(sess.CreatedAt), micros(sess.UpdatedAt), micros(sess.LastActivityAt), micros(sess.ExpiresAt),
+		micros(sess.CreatedAt), micros(sess.UpdatedAt), micros(sess.LastActivityAt), micros(sess.ExpiresAt), micros(sess.DueAt),
 	}, nil
 }
 
@@ -258,9 +282,10 @@ func scanSession(row interface{ Scan(...any) error }) (*store.Session, error) {
 		meta, config          []byte
 		created, updated      sql.NullInt64
 		lastActivity, expires sql.NullInt64
+		due                   sql.NullInt64
 	)
 	if err := row.Scan(&sess.Tenant, &sess.ID, &sess.Status, &sess.TemplateID, &sess.SandboxID, &sess.Error, &meta, &config,
-		&created, &updated, &lastActivity, &expires); err != nil {
+		&created, &updated, &lastActivity, &expires, &due); err != nil {
 		return nil, err
 	}
 	// metadata is never "null" (see sessionArgs), so this makes a map.
@@ -270,5 +295,6 @@ func scanSession(row interface{ Scan(...any) error }) (*store.Session, error) {
 	sess.Config = fromRawJSON(config)
 	sess.CreatedAt, sess.UpdatedAt = fromMicros(created), fromMicros(updated)
 	sess.LastActivityAt, sess.ExpiresAt = fromMicros(lastActivity), fromMicros(expires)
+	sess.DueAt = fromMicros(due)
 	return &sess, nil
 }

@@ -538,3 +538,89 @@ func testTimeRoundTrip(t *testing.T, open func(t *testing.T) store.Store) {
 		t.Errorf("pages of sessions a microsecond apart = %v", got)
 	}
 }
+
+func testDueSessions(t *testing.T, open func(t *testing.T) store.Store) {
+	s := open(t)
+	ids := func(list []*store.Session) []string {
+		var out []string
+		for _, x := range list {
+			out = append(out, x.Tenant+"/"+x.ID)
+		}
+		return out
+	}
+	// Due times out of creation order, across tenants; one never due.
+	for i, tc := range []struct {
+		tenant, id string
+		due        time.Duration // from t0; 0 is never
+	}{
+		{"a", "late", 3 * time.Minute},
+		{"b", "early", time.Minute},
+		{"a", "never", 0},
+		{"b", "middle", 2 * time.Minute},
+	} {
+		sess := newSession(tc.tenant, tc.id, t0.Add(time.Duration(i)*time.Second))
+		if tc.due != 0 {
+			sess.DueAt = t0.Add(tc.due)
+		}
+		if err := s.CreateSession(ctx, sess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.ListDueSessions(ctx, t0.Add(2*time.Minute), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"b/early", "b/middle"}; !slices.Equal(ids(got), want) {
+		t.Errorf("due by t0+2m = %v, want %v", ids(got), want)
+	}
+	got, _ = s.ListDueSessions(ctx, t0.Add(time.Hour), 2)
+	if want := []string{"b/early", "b/middle"}; !slices.Equal(ids(got), want) {
+		t.Errorf("first 2 due by t0+1h = %v, want %v", ids(got), want)
+	}
+	if got[0].DueAt.IsZero() || !sameTime(got[0].DueAt, t0.Add(time.Minute)) {
+		t.Errorf("DueAt = %v, want %v", got[0].DueAt, t0.Add(time.Minute))
+	}
+	// Rescheduling and clearing move a session in and out.
+	early := got[0]
+	early.DueAt = time.Time{}
+	if err := s.UpdateSession(ctx, early); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = s.ListDueSessions(ctx, t0.Add(time.Hour), 10)
+	if want := []string{"b/middle", "a/late"}; !slices.Equal(ids(got), want) {
+		t.Errorf("after clearing early: %v, want %v", ids(got), want)
+	}
+	for _, n := range []int{0, -1, 1001} {
+		if _, err := s.ListDueSessions(ctx, t0, n); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("limit %d: err = %v, want ErrInvalidArgument", n, err)
+		}
+	}
+}
+
+func testSandboxSessions(t *testing.T, open func(t *testing.T) store.Store) {
+	s := open(t)
+	for i, tc := range []struct{ tenant, id, status, sandbox string }{
+		{"a", "live", "running", "sbx-1"},
+		{"b", "paused", "paused", "sbx-2"},
+		{"a", "lazy", "running", ""},
+		{"a", "gone", "terminated", "sbx-3"},
+	} {
+		sess := newSession(tc.tenant, tc.id, t0.Add(time.Duration(i)*time.Second))
+		sess.Status, sess.SandboxID = tc.status, tc.sandbox
+		if err := s.CreateSession(ctx, sess); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.ListSandboxSessions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, x := range got {
+		ids = append(ids, x.Tenant+"/"+x.ID+"="+x.SandboxID)
+	}
+	slices.Sort(ids)
+	if want := []string{"a/live=sbx-1", "b/paused=sbx-2"}; !slices.Equal(ids, want) {
+		t.Errorf("sandbox sessions = %v, want %v", ids, want)
+	}
+}

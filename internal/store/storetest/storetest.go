@@ -37,6 +37,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"TenantIsolation", testTenantIsolation},
 		{"TimeRoundTrip", testTimeRoundTrip},
 		{"CountSessions", testCountSessions},
+		{"DueSessions", testDueSessions},
+		{"SandboxSessions", testSandboxSessions},
 		{"ExecutionCRUD", testExecutionCRUD},
 		{"ExecutionErrors", testExecutionErrors},
 		{"ExecutionPagination", testExecutionPagination},
@@ -125,6 +127,7 @@ func diffSession(got, want *store.Session) string {
 		{"UpdatedAt", got.UpdatedAt, want.UpdatedAt},
 		{"LastActivityAt", got.LastActivityAt, want.LastActivityAt},
 		{"ExpiresAt", got.ExpiresAt, want.ExpiresAt},
+		{"DueAt", got.DueAt, want.DueAt},
 	} {
 		if !sameTime(tt.got, tt.want) {
 			add(tt.name, tt.got, tt.want)
