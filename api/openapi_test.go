@@ -27,6 +27,8 @@ var schemaOf = map[reflect.Type]string{
 	reflect.TypeFor[api.CreateSessionRequest]():  "CreateSessionRequest",
 	reflect.TypeFor[api.Session]():               "Session",
 	reflect.TypeFor[api.SessionList]():           "SessionList",
+	reflect.TypeFor[api.Snapshot]():              "Snapshot",
+	reflect.TypeFor[api.SnapshotList]():          "SnapshotList",
 	reflect.TypeFor[api.DeleteSessionResponse](): "DeleteSessionResponse",
 	reflect.TypeFor[api.KeepaliveRequest]():      "KeepaliveRequest",
 	reflect.TypeFor[api.ExecuteRequest]():        "ExecuteRequest",

@@ -29,6 +29,14 @@ const (
 	StatusTerminated = "terminated"
 )
 
+// Sandbox states: what the server has of a session's sandbox.
+const (
+	SandboxNone     = "none"
+	SandboxStarting = "starting"
+	SandboxRunning  = "running"
+	SandboxPaused   = "paused"
+)
+
 // Execution statuses (R-11). Submit answers "submitted"; an execution is
 // then pending until a sandbox takes it, running, and finally one of the
 // last four.
@@ -95,9 +103,15 @@ type CreateSessionRequest struct {
 	Timeout int64 `json:"timeout,omitempty"`
 	// IdleTimeout is how many seconds without activity pause the sandbox
 	// (default 600).
-	IdleTimeout int64             `json:"idle_timeout,omitempty"`
-	Resources   *Resources        `json:"resources,omitempty"`
-	EnvVars     map[string]string `json:"env_vars,omitempty"`
+	IdleTimeout int64 `json:"idle_timeout,omitempty"`
+	// HibernateTimeout is how many seconds without activity hibernate the
+	// session: workspace to the blob store, sandbox gone (default 86400).
+	HibernateTimeout int64 `json:"hibernate_timeout,omitempty"`
+	// WarmUp starts the sandbox at once (status pending, then running)
+	// rather than at the first execution (R-60).
+	WarmUp    bool              `json:"warm_up,omitempty"`
+	Resources *Resources        `json:"resources,omitempty"`
+	EnvVars   map[string]string `json:"env_vars,omitempty"`
 	// Network is "none" (the default and, for now, the only choice).
 	Network          string            `json:"network,omitempty"`
 	Metadata         map[string]string `json:"metadata,omitempty"`
@@ -110,12 +124,16 @@ type Session struct {
 	Status     string `json:"status"`
 	TemplateID string `json:"template_id"`
 	// Error says why Status is "error".
-	Error            string            `json:"error,omitempty"`
-	CreatedAt        time.Time         `json:"created_at"`
-	LastActivityAt   time.Time         `json:"last_activity_at"`
-	ExpiresAt        time.Time         `json:"expires_at"`
-	TTL              int64             `json:"ttl"`
-	IdleTimeout      int64             `json:"idle_timeout"`
+	Error            string    `json:"error,omitempty"`
+	CreatedAt        time.Time `json:"created_at"`
+	LastActivityAt   time.Time `json:"last_activity_at"`
+	ExpiresAt        time.Time `json:"expires_at"`
+	TTL              int64     `json:"ttl"`
+	IdleTimeout      int64     `json:"idle_timeout"`
+	HibernateTimeout int64     `json:"hibernate_timeout"`
+	// SandboxState is what this server has of the session's sandbox:
+	// none, starting, running or paused.
+	SandboxState     string            `json:"sandbox_state"`
 	Resources        Resources         `json:"resources"`
 	Network          string            `json:"network"`
 	Metadata         map[string]string `json:"metadata"`
@@ -123,6 +141,28 @@ type Session struct {
 	// EnvVars lists the names of the session's environment variables; the
 	// values are not shown again.
 	EnvVars []string `json:"env_vars"`
+}
+
+// Snapshot is a saved copy of a session's workspace (R-65).
+type Snapshot struct {
+	SnapshotID string    `json:"snapshot_id"`
+	SessionID  string    `json:"session_id"`
+	CreatedAt  time.Time `json:"created_at"`
+	// Files, Dirs and Symlinks count the workspace's entries; Bytes is the
+	// size of its files.
+	Files    int   `json:"files"`
+	Dirs     int   `json:"dirs"`
+	Symlinks int   `json:"symlinks"`
+	Bytes    int64 `json:"bytes"`
+	// NewBytes, in the answer to a create, is what this snapshot added to
+	// the blob store: content already there (an unchanged file, a file of
+	// an earlier snapshot) is not stored twice.
+	NewBytes *int64 `json:"new_bytes,omitempty"`
+}
+
+// SnapshotList is GET /sessions/{id}/snapshots, oldest first.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
 }
 
 // SessionList is a page of GET /sessions (R-03).

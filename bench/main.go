@@ -4,7 +4,8 @@
 // fresh `runc run` and a fresh `bwrap` per execution over the same rootfs.
 // The control plane is measured over HTTP on loopback (http.go): session
 // create, the execution round trip against the executor alone, uploads,
-// many sessions at once and the cost of session records.
+// many sessions at once and the cost of session records; and the session
+// lifecycle (lifecycle.go): pause, resume, hibernate, restore, snapshots.
 //
 //	make bench            # or: go run ./bench -n 200
 //
@@ -110,6 +111,7 @@ func main() {
 	if !*skipHTTP {
 		benchRecords(ctx, add) // first: its memory measure wants a lean process
 		benchHTTP(ctx, rt, rtp, add)
+		benchLifecycle(ctx, rt, add)
 	}
 
 	if !*skipDS {

@@ -121,3 +121,80 @@ func set(q url.Values, key, v string) {
 		q.Set(key, v)
 	}
 }
+
+// HibernateSession saves the session's workspace to the blob store and
+// destroys its sandbox; the next call restores it.
+func (c *Client) HibernateSession(ctx context.Context, id string) (*api.Session, error) {
+	return c.sessionCall(ctx, http.MethodPost, id, "/hibernate", nil)
+}
+
+// CreateSnapshot snapshots the session's workspace.
+func (c *Client) CreateSnapshot(ctx context.Context, id string) (*api.Snapshot, error) {
+	p, err := sessionPath(id, "/snapshots")
+	if err != nil {
+		return nil, err
+	}
+	var s api.Snapshot
+	if _, err := c.call(ctx, http.MethodPost, p, nil, nil, &s, http.StatusCreated); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// ListSnapshots lists the session's snapshots, oldest first.
+func (c *Client) ListSnapshots(ctx context.Context, id string) ([]api.Snapshot, error) {
+	p, err := sessionPath(id, "/snapshots")
+	if err != nil {
+		return nil, err
+	}
+	var l api.SnapshotList
+	if _, err := c.call(ctx, http.MethodGet, p, nil, nil, &l, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return l.Snapshots, nil
+}
+
+// snapshotPath is the path of one of a session's snapshots.
+func snapshotPath(id, snapshotID, rest string) (string, error) {
+	sid, err := segment("snapshot", snapshotID)
+	if err != nil {
+		return "", err
+	}
+	return sessionPath(id, "/snapshots/"+sid+rest)
+}
+
+// GetSnapshot describes one snapshot.
+func (c *Client) GetSnapshot(ctx context.Context, id, snapshotID string) (*api.Snapshot, error) {
+	p, err := snapshotPath(id, snapshotID, "")
+	if err != nil {
+		return nil, err
+	}
+	var s api.Snapshot
+	if _, err := c.call(ctx, http.MethodGet, p, nil, nil, &s, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// DeleteSnapshot deletes one snapshot.
+func (c *Client) DeleteSnapshot(ctx context.Context, id, snapshotID string) error {
+	p, err := snapshotPath(id, snapshotID, "")
+	if err != nil {
+		return err
+	}
+	_, err = c.call(ctx, http.MethodDelete, p, nil, nil, nil, http.StatusNoContent)
+	return err
+}
+
+// RestoreSnapshot replaces the session's workspace with the snapshot's.
+func (c *Client) RestoreSnapshot(ctx context.Context, id, snapshotID string) (*api.Session, error) {
+	p, err := snapshotPath(id, snapshotID, "/restore")
+	if err != nil {
+		return nil, err
+	}
+	var s api.Session
+	if _, err := c.call(ctx, http.MethodPost, p, nil, nil, &s, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}

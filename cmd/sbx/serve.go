@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/sbx-sandbox/sbx/internal/server"
+	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
 const serveUsage = `usage: sbx serve [flags]
@@ -35,8 +36,13 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		addr     = fs.String("addr", "127.0.0.1:7070", "listen `address`")
 		data     = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
 		state    = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
+		tmplDir  = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level    = fs.String("log-level", "info", "debug, info, warn or error")
 		prebuild = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
+		idle     = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
+		hibern   = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
+		ttl      = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
+		maxSbx   = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
 		keySpecs multiFlag
 	)
 	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
@@ -76,7 +82,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	app, err := server.Open(ctx, server.Config{
-		Addr: *addr, DataDir: *data, StateDir: *state, Keys: keys, Prebuild: templates, Log: log,
+		Addr: *addr, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
+		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
+		MaxSandboxes: *maxSbx,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)

@@ -26,6 +26,9 @@ commands:
       --template T       template (default: the server's, python)
       --timeout DUR      time to live, e.g. 24h (default: the server's, 24h)
       --idle-timeout DUR pause the sandbox after this long idle (default 10m)
+      --hibernate-timeout DUR
+                         hibernate the session after this long idle (default 24h)
+      --warm-up          start the sandbox now, not at the first execution
       --memory SIZE      memory limit, e.g. 512M or 1G
       --cpu N            CPU cores, e.g. 0.5
       --disk SIZE        workspace quota, e.g. 1G
@@ -38,7 +41,14 @@ commands:
       --agent A          only of metadata agent_id A
   rm ID                delete a session: its sandbox and workspace go
   pause ID             freeze a session's sandbox
-  resume ID            resume a paused or hibernated session
+  resume ID            resume a paused or hibernated session (and warm a sandbox)
+  hibernate ID         save the workspace to the blob store, destroy the sandbox
+  snapshot create ID   snapshot the session's workspace
+  snapshot ls ID       list its snapshots
+  snapshot restore ID SNAPSHOT
+                       replace its workspace with a snapshot's
+  snapshot rm ID SNAPSHOT
+                       delete a snapshot
 
 Exit status: 0 on success, 1 if the server refused (no such session, say),
 2 for a usage error, 3 if the server failed or could not be reached.
@@ -69,6 +79,10 @@ func runSession(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return sessionByID(ctx, "pause", args[1:], stdout, stderr, (*client.Client).PauseSession)
 	case "resume":
 		return sessionByID(ctx, "resume", args[1:], stdout, stderr, (*client.Client).ResumeSession)
+	case "hibernate":
+		return sessionByID(ctx, "hibernate", args[1:], stdout, stderr, (*client.Client).HibernateSession)
+	case "snapshot", "snapshots":
+		return sessionSnapshot(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, sessionUsage)
 		return 0
@@ -159,6 +173,8 @@ func sessionCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		tmpl        = fs.String("template", "", "template `name`")
 		timeout     = fs.Duration("timeout", 0, "time to live")
 		idleTimeout = fs.Duration("idle-timeout", 0, "idle time before the sandbox is paused")
+		hibTimeout  = fs.Duration("hibernate-timeout", 0, "idle time before the session is hibernated")
+		warmUp      = fs.Bool("warm-up", false, "start the sandbox now")
 		memory      = fs.String("memory", "", "memory limit, e.g. 512M")
 		cpu         = fs.Float64("cpu", 0, "CPU cores")
 		disk        = fs.String("disk", "", "workspace quota, e.g. 1G")
@@ -174,12 +190,12 @@ func sessionCreate(ctx context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "sbx session create: unexpected argument %q (the id goes in --id)\n", pos[0])
 		return 2
 	}
-	req := api.CreateSessionRequest{SessionID: *id, TemplateID: *tmpl}
-	if *timeout < 0 || *idleTimeout < 0 || *cpu < 0 {
-		fmt.Fprintln(stderr, "sbx session create: --timeout, --idle-timeout and --cpu must not be negative")
+	req := api.CreateSessionRequest{SessionID: *id, TemplateID: *tmpl, WarmUp: *warmUp}
+	if *timeout < 0 || *idleTimeout < 0 || *hibTimeout < 0 || *cpu < 0 {
+		fmt.Fprintln(stderr, "sbx session create: --timeout, --idle-timeout, --hibernate-timeout and --cpu must not be negative")
 		return 2
 	}
-	req.Timeout, req.IdleTimeout = seconds(*timeout), seconds(*idleTimeout)
+	req.Timeout, req.IdleTimeout, req.HibernateTimeout = seconds(*timeout), seconds(*idleTimeout), seconds(*hibTimeout)
 	var res api.Resources
 	res.CPU = *cpu
 	for _, f := range []struct {
@@ -233,6 +249,48 @@ func sessionByID(ctx context.Context, name string, args []string, stdout, stderr
 		return failed(stderr, "session "+name, err)
 	}
 	printJSON(stdout, s)
+	return 0
+}
+
+// sessionSnapshot implements `sbx session snapshot create|ls|restore|rm`.
+func sessionSnapshot(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, sessionUsage)
+		return 2
+	}
+	verb := args[0]
+	fs, connect := clientFlags("session snapshot "+verb, sessionUsage, stderr)
+	pos, err := parseTemplateArgs(fs, args[1:])
+	if err != nil {
+		return 2
+	}
+	want := map[string]int{"create": 1, "ls": 1, "list": 1, "restore": 2, "rm": 2, "delete": 2}[verb]
+	if want == 0 {
+		fmt.Fprintf(stderr, "sbx session snapshot: unknown command %q (create, ls, restore, rm)\n", verb)
+		return 2
+	}
+	if len(pos) != want {
+		fmt.Fprintf(stderr, "sbx session snapshot %s: give %s\n", verb, map[int]string{1: "a session ID", 2: "a session ID and a snapshot ID"}[want])
+		return 2
+	}
+	c := connect()
+	var out any
+	switch verb {
+	case "create":
+		out, err = c.CreateSnapshot(ctx, pos[0])
+	case "ls", "list":
+		out, err = c.ListSnapshots(ctx, pos[0])
+	case "restore":
+		out, err = c.RestoreSnapshot(ctx, pos[0], pos[1])
+	case "rm", "delete":
+		err = c.DeleteSnapshot(ctx, pos[0], pos[1])
+	}
+	if err != nil {
+		return failed(stderr, "session snapshot "+verb, err)
+	}
+	if out != nil {
+		printJSON(stdout, out)
+	}
 	return 0
 }
 

@@ -22,6 +22,7 @@ func fakeSession(id string) api.Session {
 	return api.Session{
 		SessionID: id, Status: api.StatusRunning, TemplateID: "python",
 		CreatedAt: testTime, LastActivityAt: testTime, ExpiresAt: testTime.Add(time.Hour), TTL: 3600, IdleTimeout: 600,
+		HibernateTimeout: 86400, SandboxState: api.SandboxNone,
 		Network: "none", Metadata: map[string]string{}, EnvVars: []string{},
 		FileUploadConfig: api.FileUploadConfig{MaxFileSize: 100, MaxFileSizeUnit: "MB", MaxFileCount: 1000},
 	}

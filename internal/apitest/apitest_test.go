@@ -47,7 +47,7 @@ var now = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 func session() api.Session {
 	return api.Session{
 		SessionID: "s1", Status: api.StatusRunning, TemplateID: "python",
-		CreatedAt: now, LastActivityAt: now, ExpiresAt: now.Add(time.Hour), TTL: 3600, IdleTimeout: 600,
+		CreatedAt: now, LastActivityAt: now, ExpiresAt: now.Add(time.Hour), TTL: 3600, IdleTimeout: 600, HibernateTimeout: 86400, SandboxState: api.SandboxNone,
 		Network: "none", Metadata: map[string]string{}, EnvVars: []string{},
 		FileUploadConfig: api.FileUploadConfig{MaxFileSize: 100, MaxFileSizeUnit: "MB", MaxFileCount: 1000},
 	}

@@ -246,30 +246,50 @@ func toRunRequest(req api.ExecuteRequest) (*executor.RunRequest, error) {
 func (s *Service) run(ctx context.Context, r *Run) {
 	defer s.wg.Done()
 	defer r.cancel(nil)
-	lease, err := s.opt.Sessions.Acquire(ctx, r.rec.Tenant, r.rec.SessionID)
-	if err != nil {
-		s.finish(r, nil, s.failure(ctx, err, ErrTypeUnavailable))
-		return
-	}
-	r.mu.Lock()
-	r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
-	r.notifyLocked()
-	r.mu.Unlock()
-	// The executor enforces the timeout; this bound only keeps a hung
-	// sandbox from holding the execution for ever.
-	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutMs)*time.Millisecond+time.Minute)
-	defer cancel()
-	res, err := lease.Client.Run(rctx, r.req, func(stream, data string) {
+	// A sandbox found dead before the code reached it (killed from
+	// outside, say) is replaced and the run tried once more; one that dies
+	// during the run fails the run, and the next gets a new sandbox.
+	for attempt := 0; ; attempt++ {
+		lease, err := s.opt.Sessions.Acquire(ctx, r.rec.Tenant, r.rec.SessionID)
+		if err != nil {
+			s.finish(r, nil, s.failure(ctx, err, ErrTypeUnavailable))
+			return
+		}
 		r.mu.Lock()
-		r.events = append(r.events, Event{Stream: stream, Text: data})
+		r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
 		r.notifyLocked()
 		r.mu.Unlock()
-	})
-	if err != nil {
+		// The executor enforces the timeout; this bound only keeps a hung
+		// sandbox from holding the execution for ever.
+		rctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutMs)*time.Millisecond+time.Minute)
+		res, err := lease.Client.Run(rctx, r.req, func(stream, data string) {
+			r.mu.Lock()
+			r.events = append(r.events, Event{Stream: stream, Text: data})
+			r.notifyLocked()
+			r.mu.Unlock()
+		})
+		cancel()
+		lease.Release()
+		if err == nil {
+			s.finish(r, res, nil)
+			return
+		}
+		if ctx.Err() == nil && lease.Lost(ctx) {
+			if attempt == 0 && notSent(err) {
+				continue
+			}
+			err = fmt.Errorf("the sandbox died during the execution (the session's next execution gets a new one over the same workspace): %w", err)
+		}
 		s.finish(r, nil, s.failure(ctx, err, ErrTypeSandboxLost))
 		return
 	}
-	s.finish(r, res, nil)
+}
+
+// notSent reports whether a run's error means the request never reached
+// the executor: the dial failed.
+func notSent(err error) bool {
+	var api *executor.APIError
+	return !errors.As(err, &api) && (errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrNotFound))
 }
 
 // failure describes why an execution ended without a result: cancelled

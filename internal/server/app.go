@@ -18,6 +18,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -50,7 +51,15 @@ type Config struct {
 	// Runtime makes the sandbox runtime of a name ("" = runc). Default: the
 	// OCI driver. Tests swap in a fake or a failing one.
 	Runtime func(name string) (runtime.Runtime, error)
-	Log     *slog.Logger
+	// Defaults are the lifecycle periods of sessions that set none
+	// (idle pause, hibernation, TTL); zero fields take the built-in ones.
+	Defaults session.Defaults
+	// MaxSandboxes bounds the live sandboxes (0: no bound); past it an
+	// execution is 503 with Retry-After.
+	MaxSandboxes int
+	// ReapInterval is how often the reaper runs (default 5s).
+	ReapInterval time.Duration
+	Log          *slog.Logger
 }
 
 // App is a running control plane: everything `sbx serve` wires together.
@@ -62,9 +71,9 @@ type App struct {
 	log      *slog.Logger
 }
 
-// Open wires the control plane from cfg: it opens the store, fails what a
-// previous process left unfinished and destroys the sandboxes it
-// orphaned.
+// Open wires the control plane from cfg: it opens the store, fails the
+// executions a previous process left unfinished, reconciles sessions with
+// the sandboxes that exist, and starts the reaper.
 func Open(ctx context.Context, cfg Config) (*App, error) {
 	if cfg.Addr == "" {
 		cfg.Addr = "127.0.0.1:7070"
@@ -111,18 +120,27 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	var owners workspace.Owners
 	rootUID, userUID := oci.DefaultOwners()
 	owners.Root, owners.User = workspace.Owner{UID: rootUID, GID: rootUID}, workspace.Owner{UID: userUID, GID: userUID}
-	rtErr := error(nil)
 	if _, err := newRuntime(""); err != nil {
-		rtErr = err
 		log.Error("the default sandbox runtime is not usable; executions will fail until it is", "err", err)
+	}
+	if err := cfg.Defaults.Check(); err != nil {
+		st.Close()
+		return nil, err
 	}
 	var metrics *Metrics
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Owners: owners, Log: log,
+		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
+		Snapshots: snapshot.New(blobs, "snapshots"),
 		Events: func(ev string) {
 			if metrics != nil {
-				metrics.SandboxEvent(ev)
+				metrics.SessionEvent(ev)
+			}
+		},
+		Reaped: func(took time.Duration, acted int) {
+			if metrics != nil {
+				metrics.Reaped(took, acted)
 			}
 		},
 	})
@@ -134,10 +152,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("recovering executions: %w", err)
 	}
-	if rtErr == nil {
-		if err := mgr.Sweep(ctx, ""); err != nil {
-			log.Warn("sweeping orphaned sandboxes", "err", err)
-		}
+	if err := mgr.Start(ctx); err != nil {
+		execs.Close()
+		mgr.Close()
+		st.Close()
+		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
 	srv := New(Options{
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Keys: cfg.Keys, SigningKey: key,

@@ -148,7 +148,7 @@ func (f *uploadFields) set(part *multipart.Part, afterFiles bool) error {
 }
 
 // saveFile streams one file part to its place in the workspace.
-func (s *Server) saveFile(r *http.Request, sess *session.Session, ws *workspace.Workspace, f uploadFields, part *multipart.Part, index int) (*api.UploadedFile, error) {
+func (s *Server) saveFile(r *http.Request, sess *session.Session, ws *session.Files, f uploadFields, part *multipart.Part, index int) (*api.UploadedFile, error) {
 	name := path.Base(strings.ReplaceAll(part.FileName(), "\\", "/"))
 	if _, err := workspace.CleanPath(name); err != nil || name == "." || name == "/" {
 		return nil, fmt.Errorf("upload: file name %q is not usable: %w", part.FileName(), errdefs.ErrInvalidArgument)

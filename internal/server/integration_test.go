@@ -34,7 +34,7 @@ type realServer struct {
 	rt  *oci.Runtime
 }
 
-func startReal(t *testing.T, dir string) *realServer {
+func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *realServer {
 	t.Helper()
 	env := testenv.New(t)
 	state := filepath.Join(env.StateRoot, "srv")
@@ -42,7 +42,7 @@ func startReal(t *testing.T, dir string) *realServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, err := server.Open(context.Background(), server.Config{
+	cfg := server.Config{
 		DataDir: dir, StateDir: state, TemplateDir: testenv.TemplateDir(), ExecutorPath: env.Executor,
 		Runtime: func(name string) (runtime.Runtime, error) {
 			if name == "" || name == "runc" {
@@ -50,7 +50,11 @@ func startReal(t *testing.T, dir string) *realServer {
 			}
 			return oci.New(oci.Config{Runtime: name, StateDir: state, ExecutorPath: env.Executor})
 		},
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	app, err := server.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,6 +260,21 @@ func contains(list []string, s string) bool {
 	return false
 }
 
+// sandboxState is the runtime's state of the session's one sandbox, ""
+// when it has none.
+func (rs *realServer) sandboxState(t *testing.T, sid string) runtime.State {
+	infos, err := rs.rt.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, info := range infos {
+		if info.Labels[session.LabelSession] == sid {
+			return info.State
+		}
+	}
+	return ""
+}
+
 // sandboxesOf counts the runtime's sandboxes serving a session.
 func (rs *realServer) sandboxesOf(t *testing.T, sid string) int {
 	infos, err := rs.rt.List(context.Background())
@@ -282,7 +301,7 @@ func TestConcurrentCreateOneSandbox(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, ok, err := c.CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "once", TemplateID: "python"})
+			_, ok, err := c.CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "once", TemplateID: "python", WarmUp: true})
 			if err != nil {
 				t.Error(err)
 			}
@@ -294,7 +313,7 @@ func TestConcurrentCreateOneSandbox(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	newSession(t, c, api.CreateSessionRequest{SessionID: "once", TemplateID: "python"})
+	newSession(t, c, api.CreateSessionRequest{SessionID: "once", TemplateID: "python", WarmUp: true})
 	if created != 1 || rs.sandboxesOf(t, "once") != 1 {
 		t.Errorf("50 concurrent creates: %d created, %d sandboxes; want 1 and 1", created, rs.sandboxesOf(t, "once"))
 	}
@@ -383,9 +402,13 @@ func TestPauseResumeTransparently(t *testing.T) {
 	c := client.New(rs.URL)
 	ctx := context.Background()
 	newSession(t, c, api.CreateSessionRequest{SessionID: "pz", TemplateID: "python"})
+	execOK(t, c, "pz", api.ExecuteRequest{Code: "print('up')"})
 	s, err := c.PauseSession(ctx, "pz")
-	if err != nil || s.Status != api.StatusPaused {
+	if err != nil || s.Status != api.StatusPaused || s.SandboxState != api.SandboxPaused {
 		t.Fatalf("pause: %+v %v", s, err)
+	}
+	if st := rs.sandboxState(t, "pz"); st != runtime.StatePaused {
+		t.Errorf("the runtime says the sandbox is %s, want paused", st)
 	}
 	// An execution on a paused session resumes it.
 	execOK(t, c, "pz", api.ExecuteRequest{Code: "print('awake')"})

@@ -22,7 +22,9 @@ type Metrics struct {
 	executions    *prometheus.CounterVec
 	execDuration  prometheus.Histogram
 	uploadBytes   prometheus.Counter
-	sandboxEvents *prometheus.CounterVec
+	sessionEvents *prometheus.CounterVec
+	reapDuration  prometheus.Histogram
+	reapActions   prometheus.Counter
 }
 
 // NewMetrics registers the metrics. Sessions by status are counted in the
@@ -46,11 +48,20 @@ func NewMetrics(st store.Store, sessions *session.Manager) *Metrics {
 		uploadBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sbx_upload_bytes_total", Help: "Bytes uploaded into workspaces.",
 		}),
-		sandboxEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sbx_sandbox_events_total", Help: "Sandboxes created and destroyed.",
+		sessionEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sbx_lifecycle_events_total",
+			Help: "Lifecycle events: sandboxes created, destroyed and lost; sessions paused, resumed, hibernated, restored and expired.",
 		}, []string{"event"}),
+		reapDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "sbx_reaper_pass_seconds", Help: "How long each pass of the reaper took.",
+			Buckets: []float64{.0001, .0005, .001, .005, .01, .05, .1, .5, 1, 5, 30},
+		}),
+		reapActions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sbx_reaper_actions_total", Help: "Sessions the reaper paused, hibernated or expired.",
+		}),
 	}
-	m.reg.MustRegister(m.requests, m.apiErrors, m.executions, m.execDuration, m.uploadBytes, m.sandboxEvents,
+	m.reg.MustRegister(m.requests, m.apiErrors, m.executions, m.execDuration, m.uploadBytes, m.sessionEvents,
+		m.reapDuration, m.reapActions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if st != nil {
 		m.reg.MustRegister(&countCollector{
@@ -78,8 +89,14 @@ func (m *Metrics) ExecutionFinished(status string, d time.Duration) {
 	m.execDuration.Observe(d.Seconds())
 }
 
-// SandboxEvent counts a sandbox created or destroyed.
-func (m *Metrics) SandboxEvent(event string) { m.sandboxEvents.WithLabelValues(event).Inc() }
+// SessionEvent counts a lifecycle event (see session.Options.Events).
+func (m *Metrics) SessionEvent(event string) { m.sessionEvents.WithLabelValues(event).Inc() }
+
+// Reaped records a pass of the reaper.
+func (m *Metrics) Reaped(took time.Duration, acted int) {
+	m.reapDuration.Observe(took.Seconds())
+	m.reapActions.Add(float64(acted))
+}
 
 // countCollector exports counts by label computed at scrape time.
 type countCollector struct {

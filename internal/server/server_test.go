@@ -172,7 +172,8 @@ func TestSessionCRUD(t *testing.T) {
 	if err != nil || !created {
 		t.Fatalf("create: %v (created %v)", err, created)
 	}
-	if s.SessionID != "s1" || (s.Status != api.StatusPending && s.Status != api.StatusError) || s.TTL != 3600 {
+	// Lazy: running at once, no sandbox until code runs.
+	if s.SessionID != "s1" || s.Status != api.StatusRunning || s.SandboxState != api.SandboxNone || s.TTL != 3600 {
 		t.Errorf("created session: %+v", s)
 	}
 	if len(s.EnvVars) != 1 || s.EnvVars[0] != "SECRET" {
@@ -210,8 +211,20 @@ func TestSessionCRUD(t *testing.T) {
 	if _, created, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s1"}); err != nil || !created {
 		t.Errorf("recreate: %v, created %v", err, created)
 	}
-	if _, err := c.PauseSession(ctx, "s2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("pause without a sandbox: %v, want failed precondition", err)
+	// Without a sandbox there is nothing to freeze: the session is marked
+	// paused, and resume makes it running again.
+	if got, err := c.PauseSession(ctx, "s2"); err != nil || got.Status != api.StatusPaused {
+		t.Errorf("pause without a sandbox: %+v, %v", got, err)
+	}
+	if got, err := c.ResumeSession(ctx, "s2"); err != nil || got.Status != api.StatusRunning {
+		t.Errorf("resume: %+v, %v", got, err)
+	}
+	// A terminated session cannot be paused or resumed.
+	c.DeleteSession(ctx, "s1")
+	for _, op := range []func(context.Context, string) (*api.Session, error){c.PauseSession, c.ResumeSession, c.HibernateSession} {
+		if _, err := op(ctx, "s1"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("lifecycle call on a terminated session: %v, want failed precondition", err)
+		}
 	}
 	if _, err := c.Keepalive(ctx, "s2", 7200); err != nil {
 		t.Errorf("keepalive: %v", err)

@@ -33,7 +33,8 @@ func toAPISession(s *session.Session) api.Session {
 	return api.Session{
 		SessionID: s.ID, Status: s.Status, TemplateID: s.TemplateID, Error: s.Error,
 		CreatedAt: s.CreatedAt, LastActivityAt: s.LastActivityAt, ExpiresAt: s.ExpiresAt,
-		TTL: s.Config.TTL, IdleTimeout: s.Config.IdleTimeout, Resources: s.Config.Resources,
+		TTL: s.Config.TTL, IdleTimeout: s.Config.IdleTimeout, HibernateTimeout: s.Config.HibernateTimeout,
+		SandboxState: s.SandboxState, Resources: s.Config.Resources,
 		Network: s.Config.Network, Metadata: meta, FileUploadConfig: up, EnvVars: env,
 	}
 }
@@ -133,6 +134,65 @@ func (s *Server) pauseSession(w http.ResponseWriter, r *http.Request) {
 // resumeSession: POST /sessions/{id}/resume.
 func (s *Server) resumeSession(w http.ResponseWriter, r *http.Request) {
 	sess, err := s.opt.Sessions.Resume(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// hibernateSession: POST /sessions/{id}/hibernate (R-61, on demand).
+func (s *Server) hibernateSession(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.Hibernate(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toAPISession(sess))
+}
+
+// createSnapshot: POST /sessions/{id}/snapshots.
+func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
+	snap, err := s.opt.Sessions.CreateSnapshot(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, snap)
+}
+
+// listSnapshots: GET /sessions/{id}/snapshots.
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
+	list, err := s.opt.Sessions.Snapshots(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.SnapshotList{Snapshots: list})
+}
+
+// getSnapshot: GET /sessions/{id}/snapshots/{snapshot_id}.
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
+	snap, err := s.opt.Sessions.Snapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snap)
+}
+
+// deleteSnapshot: DELETE /sessions/{id}/snapshots/{snapshot_id}.
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
+	if err := s.opt.Sessions.DeleteSnapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id")); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// restoreSnapshot: POST /sessions/{id}/snapshots/{snapshot_id}/restore.
+func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
+	sess, err := s.opt.Sessions.RestoreSnapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -14,10 +14,11 @@ import (
 
 // Limits and defaults of a session's configuration.
 const (
-	DefaultTTL         = 24 * time.Hour
-	MaxTTL             = 7 * 24 * time.Hour
-	DefaultIdleTimeout = 10 * time.Minute
-	DefaultTemplate    = "python"
+	DefaultTTL              = 24 * time.Hour
+	MaxTTL                  = 7 * 24 * time.Hour
+	DefaultIdleTimeout      = 10 * time.Minute
+	DefaultHibernateTimeout = 24 * time.Hour
+	DefaultTemplate         = "python"
 
 	defaultMaxFileSize  = 100 // MB
 	defaultMaxFileCount = 1000
@@ -35,15 +36,60 @@ const (
 	maxDiskMB           = 1 << 20
 )
 
+// Defaults are the lifecycle periods of sessions created without their
+// own (R-61), configurable per server.
+type Defaults struct {
+	// TTL is how long a session lives (at most MaxTTL).
+	TTL time.Duration
+	// IdleTimeout is how long without activity pauses a sandbox.
+	IdleTimeout time.Duration
+	// HibernateTimeout is how long without activity hibernates a session.
+	HibernateTimeout time.Duration
+}
+
+// withDefaults fills the zero fields of d with the built-in defaults.
+func (d Defaults) withDefaults() Defaults {
+	if d.TTL <= 0 {
+		d.TTL = DefaultTTL
+	}
+	if d.IdleTimeout <= 0 {
+		d.IdleTimeout = DefaultIdleTimeout
+	}
+	if d.HibernateTimeout <= 0 {
+		d.HibernateTimeout = DefaultHibernateTimeout
+	}
+	return d
+}
+
+// Check reports a default out of range.
+func (d Defaults) Check() error {
+	for _, p := range []struct {
+		name string
+		v    time.Duration
+	}{{"ttl", d.TTL}, {"idle timeout", d.IdleTimeout}, {"hibernate timeout", d.HibernateTimeout}} {
+		if p.v < 0 || p.v > MaxTTL {
+			return fmt.Errorf("default %s %v: want 1s..%v", p.name, p.v, MaxTTL)
+		}
+	}
+	return nil
+}
+
 // Config is what a session was created with, after validation and
 // defaults. It is kept in the store as JSON.
 type Config struct {
-	TTL         int64                `json:"ttl"`          // seconds
-	IdleTimeout int64                `json:"idle_timeout"` // seconds
-	Resources   api.Resources        `json:"resources"`
-	Env         map[string]string    `json:"env,omitempty"`
-	Network     string               `json:"network"`
-	Upload      api.FileUploadConfig `json:"upload"`
+	TTL         int64 `json:"ttl"`          // seconds
+	IdleTimeout int64 `json:"idle_timeout"` // seconds
+	// HibernateTimeout is the idle time, in seconds, after which the
+	// session is hibernated; 0 in records older than the field means the
+	// server's default.
+	HibernateTimeout int64 `json:"hibernate_timeout,omitempty"`
+	// WarmUp asks for a sandbox at create rather than at the first
+	// execution.
+	WarmUp    bool                 `json:"warm_up,omitempty"`
+	Resources api.Resources        `json:"resources"`
+	Env       map[string]string    `json:"env,omitempty"`
+	Network   string               `json:"network"`
+	Upload    api.FileUploadConfig `json:"upload"`
 	// TemplateHash pins the template build the session's sandboxes run
 	// (R-40: a session keeps the version it started with). Empty until
 	// the first sandbox starts.
@@ -80,14 +126,17 @@ func invalid(format string, args ...any) error {
 
 // validate checks every field of a create request (R-76) and returns the
 // configuration with defaults applied.
-func validate(req *api.CreateSessionRequest) (*Config, error) {
+func validate(req *api.CreateSessionRequest, d Defaults) (*Config, error) {
 	if req.SessionID != "" && !ValidID(req.SessionID) {
 		return nil, invalid("session_id %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\"", req.SessionID)
 	}
 	if req.TemplateID != "" && !regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`).MatchString(req.TemplateID) {
 		return nil, invalid("template_id %q is not a template name ([a-z0-9-], at most 63 characters)", req.TemplateID)
 	}
-	c := &Config{TTL: int64(DefaultTTL / time.Second), IdleTimeout: int64(DefaultIdleTimeout / time.Second), Network: "none"}
+	c := &Config{
+		TTL: int64(d.TTL / time.Second), IdleTimeout: int64(d.IdleTimeout / time.Second),
+		HibernateTimeout: int64(d.HibernateTimeout / time.Second), Network: "none", WarmUp: req.WarmUp,
+	}
 	switch {
 	case req.Timeout < 0 || req.Timeout > int64(MaxTTL/time.Second):
 		return nil, invalid("timeout %d: the session's time to live is 1..%d seconds (0 for the default, %d)", req.Timeout, int64(MaxTTL/time.Second), c.TTL)
@@ -99,6 +148,12 @@ func validate(req *api.CreateSessionRequest) (*Config, error) {
 		return nil, invalid("idle_timeout %d: want 1..%d seconds (0 for the default, %d)", req.IdleTimeout, int64(MaxTTL/time.Second), c.IdleTimeout)
 	case req.IdleTimeout > 0:
 		c.IdleTimeout = req.IdleTimeout
+	}
+	switch {
+	case req.HibernateTimeout < 0 || req.HibernateTimeout > int64(MaxTTL/time.Second):
+		return nil, invalid("hibernate_timeout %d: want 1..%d seconds (0 for the default, %d)", req.HibernateTimeout, int64(MaxTTL/time.Second), c.HibernateTimeout)
+	case req.HibernateTimeout > 0:
+		c.HibernateTimeout = req.HibernateTimeout
 	}
 	if r := req.Resources; r != nil {
 		if math.IsNaN(r.CPU) || r.CPU < 0 || r.CPU > maxCPU || (r.CPU > 0 && r.CPU < 0.01) {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -17,17 +19,84 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
-// Lease is a ready sandbox's executor, handed to one execution.
+// Lease is a ready sandbox's executor, handed to one execution. While a
+// lease is out the sandbox is neither paused nor hibernated by the reaper.
+// The execution calls Release when it is over.
 type Lease struct {
 	Client *executor.Client
 	// SandboxID names the sandbox (for logs).
 	SandboxID string
+
+	m    *Manager
+	e    *entry
+	sb   *sandbox
+	once sync.Once
+}
+
+// Release gives the lease back; the session's idle time counts from now.
+func (l *Lease) Release() {
+	l.once.Do(func() {
+		l.e.mu.Lock()
+		l.e.active--
+		l.e.mu.Unlock()
+		l.m.touch(context.Background(), l.e.key)
+	})
+}
+
+// Lost reports whether the lease's sandbox has died (killed from outside,
+// its executor gone), after an execution failed to reach it. A dead
+// sandbox is let go: the session's next call starts a new one over the
+// same workspace.
+func (l *Lease) Lost(ctx context.Context) bool {
+	info, err := l.sb.rt.Inspect(ctx, l.sb.id)
+	if err == nil && (info.State == runtime.StateRunning || info.State == runtime.StatePaused) {
+		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, herr := l.sb.client.Health(hctx)
+		cancel()
+		if herr == nil {
+			return false
+		}
+	} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return false // cannot tell
+	}
+	l.m.log.Warn("sandbox lost; the next call starts a new one", "session", l.e.id, "sandbox", l.sb.id)
+	l.m.opt.Events("lost")
+	l.e.mu.Lock()
+	mine := l.e.sb == l.sb
+	if mine {
+		l.e.sb, l.e.paused = nil, false
+	}
+	l.e.mu.Unlock()
+	if mine {
+		l.m.destroy(context.WithoutCancel(ctx), l.sb)
+		l.m.forget(l.e.key, l.sb.id)
+	}
+	return true
+}
+
+// forget clears the record's sandbox if it still names id.
+func (m *Manager) forget(k key, id string) {
+	ctx := context.Background()
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
+	if err != nil || rec.SandboxID != id {
+		return
+	}
+	rec.SandboxID = ""
+	if rec.Status == api.StatusPaused {
+		rec.Status = api.StatusRunning
+	}
+	if err := m.save(ctx, rec); err != nil {
+		m.log.Error("recording a lost sandbox", "session", k.id, "err", err)
+	}
 }
 
 // Acquire returns the executor of the session's sandbox, once it is ready:
-// it waits for a start in flight, resumes a paused sandbox and starts one
-// when there is none (R-05: execution on a paused session resumes it). A
-// sandbox that cannot be had is ErrUnavailable.
+// it thaws a paused sandbox, restores a hibernated workspace, starts a
+// sandbox when there is none and waits for a start in flight.
+// A sandbox that cannot be had is ErrUnavailable. The caller releases the
+// lease.
 func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error) {
 	k := key{tenant, id}
 	for {
@@ -37,36 +106,22 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 			e.mu.Unlock()
 			return nil, fmt.Errorf("session %q was deleted: %w", id, errdefs.ErrNotFound)
 		}
-		if sb := e.sb; sb != nil {
-			if e.paused {
-				e.mu.Unlock()
-				if _, err := m.Resume(ctx, tenant, id); err != nil {
-					return nil, err
-				}
-				continue
-			}
+		if sb := e.sb; sb != nil && !e.paused {
+			e.active++
 			e.mu.Unlock()
 			m.touch(ctx, k)
-			return &Lease{Client: sb.client, SandboxID: sb.id}, nil
+			return &Lease{Client: sb.client, SandboxID: sb.id, m: m, e: e, sb: sb}, nil
 		}
 		st := e.start
 		e.mu.Unlock()
 		if st == nil {
-			// No sandbox and none coming: this server has not run one for
-			// the session yet (or lost it). Start one, or reattach to the
-			// one a previous server process left running.
-			s, err := m.Get(ctx, tenant, id)
-			if err != nil {
+			if _, err := m.wakeUp(ctx, k, true); err != nil {
+				if errors.As(err, new(*TransitionError)) {
+					// Terminated meanwhile.
+					return nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrNotFound)
+				}
 				return nil, err
 			}
-			if s.Status == api.StatusTerminated {
-				return nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrNotFound)
-			}
-			unlock := m.lock(k)
-			if e.sb == nil && e.start == nil && !e.deleted {
-				m.kick(e, s)
-			}
-			unlock()
 			continue
 		}
 		select {
@@ -81,13 +136,22 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 }
 
 // kick starts a sandbox for the session in the background, unless one is
-// on its way. The caller holds the session's lock.
-func (m *Manager) kick(e *entry, s *Session) {
+// up or on its way; it reports whether it started one. Past MaxSandboxes it
+// is ErrUnavailable. The caller holds the session's lock.
+func (m *Manager) kick(e *entry, s *Session) (bool, error) {
+	e.mu.Lock()
+	busy := e.start != nil || e.sb != nil
+	e.mu.Unlock()
+	if busy {
+		return false, nil
+	}
+	if max := m.opt.MaxSandboxes; max > 0 {
+		if n := m.sandboxes(); n >= max {
+			return false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
+		}
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.start != nil || e.sb != nil {
-		return
-	}
 	ctx, cancel := context.WithCancel(m.ctx)
 	st := &startOp{done: make(chan struct{}), cancel: cancel}
 	e.start = st
@@ -122,6 +186,13 @@ func (m *Manager) kick(e *entry, s *Session) {
 		}
 		close(st.done)
 	}()
+	return true, nil
+}
+
+// sandboxes counts the sandboxes this server has or is starting.
+func (m *Manager) sandboxes() int {
+	c := m.SandboxCounts()
+	return c[api.SandboxStarting] + c[api.SandboxRunning] + c[api.SandboxPaused]
 }
 
 // recordStart writes the outcome of a sandbox start to the store, unless
@@ -134,17 +205,17 @@ func (m *Manager) recordStart(k key, status, msg string, sb *sandbox) {
 	if err != nil || rec.Status == api.StatusTerminated {
 		return
 	}
-	rec.Status, rec.Error, rec.UpdatedAt = status, msg, time.Now().UTC()
 	if sb != nil && status == api.StatusRunning {
 		rec.SandboxID = sb.id
 	}
-	if err := m.opt.Store.UpdateSession(ctx, rec); err != nil {
+	if _, err := m.move(ctx, rec, status, msg); err != nil {
 		m.log.Error("recording sandbox start", "session", k.id, "err", err)
 	}
 }
 
-// startSandbox reattaches to the sandbox a previous server left running for
-// the session, or builds the template if need be and creates a new one.
+// startSandbox builds the template if need be and creates a sandbox for
+// the session. A sandbox its record names that this server does not hold
+// (one that stopped answering, say) is destroyed first.
 func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error) {
 	spec, err := m.Template(s.TemplateID)
 	if err != nil {
@@ -155,8 +226,8 @@ func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error
 		return nil, err
 	}
 	if s.SandboxID != "" {
-		if sb := m.reattach(ctx, rt, s); sb != nil {
-			return sb, nil
+		if err := rt.Destroy(ctx, s.SandboxID); err != nil {
+			m.log.Warn("destroying a sandbox no longer held", "sandbox", s.SandboxID, "err", err)
 		}
 	}
 	tmpl, err := m.template(ctx, spec, s)
@@ -226,45 +297,15 @@ func (m *Manager) pin(s *Session, hash string) {
 	if err != nil {
 		return
 	}
-	cur, err := decode(rec)
+	cur, err := m.decode(rec)
 	if err != nil {
 		return
 	}
 	cur.Config.TemplateHash = hash
 	rec.Config, _ = json.Marshal(cur.Config)
-	if err := m.opt.Store.UpdateSession(ctx, rec); err != nil {
+	if err := m.save(ctx, rec); err != nil {
 		m.log.Warn("pinning template", "session", s.ID, "err", err)
 	}
-}
-
-// reattach adopts the sandbox recorded for the session if it is still
-// there and its executor answers; otherwise it destroys whatever is left.
-func (m *Manager) reattach(ctx context.Context, rt runtime.Runtime, s *Session) *sandbox {
-	info, err := rt.Inspect(ctx, s.SandboxID)
-	if err != nil {
-		return nil
-	}
-	if info.Labels[LabelSession] == s.ID && info.Labels[LabelTenant] == s.Tenant {
-		if info.State == runtime.StatePaused {
-			if err := rt.Resume(ctx, info.ID); err != nil {
-				m.log.Warn("resuming a sandbox to reattach", "sandbox", info.ID, "err", err)
-			}
-		}
-		sb := &sandbox{id: info.ID, rt: rt, client: dialer(rt, info.ID)}
-		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		err := sb.client.WaitReady(hctx)
-		cancel()
-		if err == nil {
-			m.log.Info("reattached to sandbox", "session", s.ID, "sandbox", info.ID)
-			return sb
-		}
-		sb.client.Close()
-		m.log.Warn("sandbox left by a previous server does not answer", "sandbox", info.ID, "err", err)
-	}
-	if err := rt.Destroy(ctx, info.ID); err != nil {
-		m.log.Warn("destroying stale sandbox", "sandbox", info.ID, "err", err)
-	}
-	return nil
 }
 
 func dialer(rt runtime.Runtime, id string) *executor.Client {
@@ -298,33 +339,102 @@ func (m *Manager) destroyByID(ctx context.Context, rec *store.Session) {
 	}
 }
 
-// Sweep destroys the sandboxes of every runtime in use that no live
-// session of this server holds and whose session does not name them:
-// what a crashed server left behind. It runs once at start.
-func (m *Manager) Sweep(ctx context.Context, runtimeNames ...string) error {
-	for _, name := range runtimeNames {
+// Start reconciles the store with the sandboxes that exist, then
+// starts the reaper. A session's recorded sandbox that is still there is
+// adopted as it is (running or frozen); one that is gone is cleared from
+// the record, and the session's next call starts a new sandbox over the
+// same workspace; a sandbox no session names is destroyed. The runtimes
+// looked at are the default and those of the recorded sessions'
+// templates; one that cannot be had is skipped with its sessions.
+func (m *Manager) Start(ctx context.Context) error {
+	if err := os.RemoveAll(m.trash); err != nil {
+		m.log.Warn("emptying the workspace trash", "err", err)
+	}
+	type found struct {
+		info runtime.Info
+		rt   runtime.Runtime
+	}
+	recs, err := m.opt.Store.ListSandboxSessions(ctx)
+	if err != nil {
+		return err
+	}
+	runtimeOf := func(rec *store.Session) string {
+		if spec, err := m.Template(rec.TemplateID); err == nil {
+			return spec.Runtime
+		}
+		return ""
+	}
+	listed := map[string]bool{}
+	live := map[string]found{}
+	for _, name := range append([]string{""}, mapSlice(recs, runtimeOf)...) {
+		if _, done := listed[name]; done {
+			continue
+		}
+		listed[name] = false
 		rt, err := m.runtime(name)
 		if err != nil {
-			return err
+			m.log.Warn("cannot reconcile the sandboxes of a runtime", "runtime", name, "err", err)
+			continue
 		}
 		infos, err := rt.List(ctx)
 		if err != nil {
-			return err
+			m.log.Warn("cannot reconcile the sandboxes of a runtime", "runtime", name, "err", err)
+			continue
 		}
+		listed[name] = true
 		for _, info := range infos {
-			tenant, id := info.Labels[LabelTenant], info.Labels[LabelSession]
-			if id == "" {
-				continue // not a session's (sbx run's own, say)
-			}
-			rec, err := m.opt.Store.GetSession(ctx, tenant, id)
-			if err == nil && rec.SandboxID == info.ID && rec.Status != api.StatusTerminated {
-				continue // reattached on the session's next use
-			}
-			m.log.Info("destroying orphaned sandbox", "sandbox", info.ID, "session", id)
-			if err := rt.Destroy(ctx, info.ID); err != nil {
-				m.log.Warn("destroying orphaned sandbox", "sandbox", info.ID, "err", err)
+			if info.Labels[LabelSession] != "" { // not sbx run's own
+				live[info.ID] = found{info, rt}
 			}
 		}
 	}
+	adopted, lost := 0, 0
+	for _, rec := range recs {
+		if !listed[runtimeOf(rec)] {
+			continue // its runtime cannot say; leave the record as it is
+		}
+		f, ok := live[rec.SandboxID]
+		usable := ok && f.info.Labels[LabelSession] == rec.ID && f.info.Labels[LabelTenant] == rec.Tenant &&
+			(f.info.State == runtime.StateRunning || f.info.State == runtime.StatePaused)
+		if usable {
+			delete(live, rec.SandboxID)
+			e := m.entry(key{rec.Tenant, rec.ID})
+			e.mu.Lock()
+			e.sb = &sandbox{id: f.info.ID, rt: f.rt, client: dialer(f.rt, f.info.ID)}
+			e.paused = f.info.State == runtime.StatePaused
+			e.mu.Unlock()
+			adopted++
+			continue
+		}
+		lost++
+		m.log.Warn("a session's sandbox is gone; its next call starts a new one", "tenant", rec.Tenant, "session", rec.ID, "sandbox", rec.SandboxID)
+		m.opt.Events("lost")
+		rec.SandboxID = ""
+		if rec.Status == api.StatusPaused {
+			rec.Status = api.StatusRunning
+		}
+		if err := m.save(ctx, rec); err != nil {
+			return err
+		}
+	}
+	for id, f := range live {
+		m.log.Info("destroying orphaned sandbox", "sandbox", id, "session", f.info.Labels[LabelSession])
+		if err := f.rt.Destroy(ctx, id); err != nil {
+			m.log.Warn("destroying orphaned sandbox", "sandbox", id, "err", err)
+		}
+	}
+	if adopted+lost > 0 {
+		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
+	}
+	m.wg.Add(1)
+	go m.reaper()
 	return nil
+}
+
+func mapSlice[T, U any](in []T, f func(T) U) []U {
+	out := make([]U, len(in))
+	for i, v := range in {
+		out[i] = f(v)
+	}
+	return out
 }

@@ -1,14 +1,16 @@
 // Package session owns sessions: their records in the store, their
 // workspaces on disk and the one sandbox each may have at a time.
 //
-// A session is a durable record plus a workspace directory; its sandbox is
-// disposable. Create writes the record and the workspace and starts the
-// sandbox in the background (status pending, then running or error);
-// Acquire hands the executor of a ready sandbox to an execution, waiting
-// for a start in flight, resuming a paused sandbox and starting a new one
-// when there is none. Lifecycle changes of one session (create, delete,
-// pause, resume) are serialized by a per-session lock; the store holds the
-// truth and is written on every change of status.
+// A session is a durable record plus a workspace; its sandbox is
+// disposable (R-60..R-66). Create writes the record and the workspace; the
+// sandbox comes with the first execution, or at once with warm_up.
+// Acquire hands the executor of a ready sandbox to an execution: it thaws
+// a paused sandbox, restores a hibernated workspace and starts a sandbox
+// when there is none. The reaper (reaper.go) pauses idle sandboxes,
+// hibernates sessions idle for longer and terminates those past their TTL.
+// Statuses move by the state machine of state.go and are written to the
+// store at every move. Lifecycle changes of one session are serialized by
+// a per-session lock; no lock is held across sessions.
 package session
 
 import (
@@ -30,6 +32,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -60,15 +63,37 @@ type Options struct {
 	// Hundreds of runc starts at once on a small machine thrash until they
 	// time out; queued, each takes its fair share. Default 2 per CPU.
 	MaxStarts int
-	Log       *slog.Logger
-	// Events, if set, hears of sandboxes created and destroyed (metrics).
+	// MaxSandboxes bounds the sandboxes this server has (starting, running
+	// or paused); a start beyond it is ErrUnavailable, which an execution
+	// answers with 503 and Retry-After. 0 is no bound.
+	MaxSandboxes int
+	// Defaults are the lifecycle periods of sessions that set none.
+	Defaults Defaults
+	// Snapshots keeps snapshots and hibernated workspaces. Without it
+	// sessions are never hibernated and snapshots are ErrUnavailable.
+	Snapshots *snapshot.Store
+	// ReapInterval is how often the reaper looks for due sessions
+	// (default 5s); ReapBatch is the most it takes in one pass (default
+	// 256).
+	ReapInterval time.Duration
+	ReapBatch    int
+	Log          *slog.Logger
+	// Events, if set, hears of lifecycle events, for metrics: create and
+	// destroy (sandboxes), pause, resume, hibernate, restore, expire, and
+	// lost (a sandbox that died under its session).
 	Events func(event string)
+	// Reaped, if set, hears how long each reaper pass took and how many
+	// sessions it acted on.
+	Reaped func(took time.Duration, acted int)
 }
 
 // Session is a session's record with its decoded configuration.
 type Session struct {
 	store.Session
 	Config Config
+	// SandboxState is what this server has of the session's sandbox
+	// (api.SandboxNone, ...).
+	SandboxState string
 }
 
 // Manager owns the sessions of one server.
@@ -80,6 +105,7 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	starts chan struct{} // start slots
+	trash  string        // workspaces go here to be removed
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -98,7 +124,25 @@ type entry struct {
 	start   *startOp  // a start in flight, or nil
 	paused  bool      // sb is frozen
 	deleted bool      // the session is gone: drop whatever a start brings
+	active  int       // leases out: executions using sb
+	files   int       // file calls using the workspace
 	touched time.Time // last activity written to the store
+	// snap is the session's last snapshot, whose hashes the next one
+	// reuses for files that have not changed.
+	snap *snapshot.Manifest
+}
+
+// state is the entry's sandbox state for the API. The caller holds e.mu.
+func (e *entry) state() string {
+	switch {
+	case e.start != nil:
+		return api.SandboxStarting
+	case e.sb != nil && e.paused:
+		return api.SandboxPaused
+	case e.sb != nil:
+		return api.SandboxRunning
+	}
+	return api.SandboxNone
 }
 
 type sandbox struct {
@@ -113,7 +157,8 @@ type startOp struct {
 	err    error
 }
 
-// New returns a manager. Call Close to stop its background work.
+// New returns a manager. Call Start to recover what a previous server left
+// and start the reaper, and Close to stop background work.
 func New(opt Options) *Manager {
 	if opt.StartTimeout == 0 {
 		opt.StartTimeout = 60 * time.Second
@@ -127,15 +172,27 @@ func New(opt Options) *Manager {
 	if opt.Events == nil {
 		opt.Events = func(string) {}
 	}
+	if opt.Reaped == nil {
+		opt.Reaped = func(time.Duration, int) {}
+	}
+	if opt.ReapInterval <= 0 {
+		opt.ReapInterval = 5 * time.Second
+	}
+	if opt.ReapBatch <= 0 {
+		opt.ReapBatch = 256
+	}
+	opt.Defaults = opt.Defaults.withDefaults()
 	ctx, stop := context.WithCancel(context.Background())
 	return &Manager{
 		opt: opt, log: opt.Log, ctx: ctx, stop: stop, starts: make(chan struct{}, opt.MaxStarts),
+		trash:   filepath.Join(opt.WorkspaceDir, ".trash"),
 		entries: map[key]*entry{}, locks: map[key]*keyLock{}, runtimes: map[string]runtime.Runtime{},
 	}
 }
 
-// OnDelete registers f to be called when a session is deleted, before its
-// sandbox is destroyed (the execution layer cancels the session's runs).
+// OnDelete registers f to be called when a session is deleted or expires,
+// before its sandbox is destroyed (the execution layer cancels the
+// session's runs).
 func (m *Manager) OnDelete(f func(tenant, id string)) { m.onDelete = append(m.onDelete, f) }
 
 // Close stops background work (sandbox starts in flight are abandoned and
@@ -159,7 +216,7 @@ type keyLock struct {
 	refs int
 }
 
-func (m *Manager) lock(k key) func() {
+func (m *Manager) keyLock(k key) (*keyLock, func()) {
 	m.mu.Lock()
 	l := m.locks[k]
 	if l == nil {
@@ -168,15 +225,30 @@ func (m *Manager) lock(k key) func() {
 	}
 	l.refs++
 	m.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
+	return l, func() {
 		m.mu.Lock()
 		if l.refs--; l.refs == 0 {
 			delete(m.locks, k)
 		}
 		m.mu.Unlock()
 	}
+}
+
+// lock takes the session's lock and returns its release.
+func (m *Manager) lock(k key) func() {
+	l, release := m.keyLock(k)
+	l.Lock()
+	return func() { l.Unlock(); release() }
+}
+
+// tryLock takes the session's lock if no one holds it.
+func (m *Manager) tryLock(k key) (func(), bool) {
+	l, release := m.keyLock(k)
+	if !l.TryLock() {
+		release()
+		return nil, false
+	}
+	return func() { l.Unlock(); release() }, true
 }
 
 func (m *Manager) entry(k key) *entry {
@@ -188,6 +260,13 @@ func (m *Manager) entry(k key) *entry {
 		m.entries[k] = e
 	}
 	return e
+}
+
+// peek returns the session's entry if there is one.
+func (m *Manager) peek(k key) *entry {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.entries[k]
 }
 
 func (m *Manager) runtime(name string) (runtime.Runtime, error) {
@@ -221,10 +300,18 @@ func (m *Manager) Template(name string) (template.Spec, error) {
 	return spec, err
 }
 
-func decode(rec *store.Session) (*Session, error) {
-	s := &Session{Session: *rec}
+func (m *Manager) decode(rec *store.Session) (*Session, error) {
+	s := &Session{Session: *rec, SandboxState: api.SandboxNone}
 	if err := json.Unmarshal(rec.Config, &s.Config); err != nil {
 		return nil, fmt.Errorf("session %q: stored config: %w", rec.ID, err)
+	}
+	if s.Config.HibernateTimeout == 0 {
+		s.Config.HibernateTimeout = int64(m.opt.Defaults.HibernateTimeout / time.Second)
+	}
+	if e := m.peek(key{rec.Tenant, rec.ID}); e != nil {
+		e.mu.Lock()
+		s.SandboxState = e.state()
+		e.mu.Unlock()
 	}
 	return s, nil
 }
@@ -238,7 +325,7 @@ func (m *Manager) Get(ctx context.Context, tenant, id string) (*Session, error) 
 	if err != nil {
 		return nil, err
 	}
-	return decode(rec)
+	return m.decode(rec)
 }
 
 // List returns a page of the tenant's sessions.
@@ -249,7 +336,7 @@ func (m *Manager) List(ctx context.Context, f store.SessionFilter) ([]*Session, 
 	}
 	out := make([]*Session, 0, len(recs))
 	for _, r := range recs {
-		s, err := decode(r)
+		s, err := m.decode(r)
 		if err != nil {
 			return nil, "", err
 		}
@@ -260,9 +347,10 @@ func (m *Manager) List(ctx context.Context, f store.SessionFilter) ([]*Session, 
 
 // Create creates a session, or returns the existing one of that id
 // (created false). A session in error is recovered: a new sandbox, the same
-// workspace. A terminated one is replaced by a fresh session.
+// workspace. A terminated one is replaced by a fresh session. The sandbox
+// comes with the first execution unless the request asks for warm_up.
 func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessionRequest) (*Session, bool, error) {
-	cfg, err := validate(&req)
+	cfg, err := validate(&req, m.opt.Defaults)
 	if err != nil {
 		return nil, false, err
 	}
@@ -283,14 +371,20 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	rec, err := m.opt.Store.GetSession(ctx, tenant, req.SessionID)
 	switch {
 	case err == nil && rec.Status != api.StatusTerminated:
-		s, err := decode(rec)
-		if err != nil {
-			return nil, false, err
+		if rec.Status == api.StatusError {
+			s, err := m.decode(rec)
+			if err != nil {
+				return nil, false, err
+			}
+			// No sandbox to be had now leaves the session in error,
+			// to be tried again by its next execution.
+			if started, _ := m.kick(m.entry(k), s); started {
+				if rec, err = m.move(ctx, rec, api.StatusPending, ""); err != nil {
+					return nil, false, err
+				}
+			}
 		}
-		if s.Status == api.StatusError {
-			m.kick(m.entry(k), s)
-			s, err = m.setStatus(ctx, k, api.StatusPending, "")
-		}
+		s, err := m.decode(rec)
 		return s, false, err
 	case err == nil:
 		// Terminated: its record goes and a new session takes the id.
@@ -319,13 +413,23 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if meta == nil {
 		meta = map[string]string{}
 	}
+	status := api.StatusRunning
+	if cfg.WarmUp {
+		status = api.StatusPending
+	}
 	rec = &store.Session{
-		Tenant: tenant, ID: req.SessionID, Status: api.StatusPending, TemplateID: req.TemplateID,
+		Tenant: tenant, ID: req.SessionID, Status: status, TemplateID: req.TemplateID,
 		Metadata: meta, Config: raw,
 		CreatedAt: now, UpdatedAt: now, LastActivityAt: now, ExpiresAt: now.Add(time.Duration(cfg.TTL) * time.Second),
 	}
+	rec.DueAt = dueAt(rec, cfg, m.opt.Defaults)
 	// Every uid of the sandbox must be able to traverse the parents.
 	if err := os.MkdirAll(filepath.Dir(m.workspaceDir(k)), 0o711); err != nil {
+		return nil, false, err
+	}
+	// A workspace left by a session of this id that a crash kept from
+	// being removed is not this session's.
+	if err := m.discard(m.workspaceDir(k)); err != nil {
 		return nil, false, err
 	}
 	ws, err := workspace.Create(m.workspaceDir(k), m.opt.Owners)
@@ -336,10 +440,21 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if err := m.opt.Store.CreateSession(ctx, rec); err != nil {
 		return nil, false, err
 	}
-	s := &Session{Session: *rec, Config: *cfg}
-	// Issue 4 makes this lazy; for now every session gets its
-	// sandbox at once.
-	m.kick(m.entry(k), s)
+	s := &Session{Session: *rec, Config: *cfg, SandboxState: api.SandboxNone}
+	if cfg.WarmUp {
+		started, err := m.kick(m.entry(k), s)
+		if !started {
+			// No sandbox to be had now: the session is created
+			// anyway, lazy, and its first execution says why.
+			m.log.Warn("warm-up refused; the session starts lazily", "session", s.ID, "err", err)
+			if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
+				return nil, false, err
+			}
+			s, err := m.decode(rec)
+			return s, true, err
+		}
+		s.SandboxState = api.SandboxStarting
+	}
 	return s, true, nil
 }
 
@@ -347,27 +462,98 @@ func (m *Manager) workspaceDir(k key) string {
 	return filepath.Join(m.opt.WorkspaceDir, k.tenant, k.id)
 }
 
-// Workspace opens the session's workspace for the file endpoints. The
-// caller closes it.
-func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *workspace.Workspace, error) {
+// discard moves dir, if it exists, to the trash and removes it in the
+// background: the path is free at once, and a crash halfway leaves no
+// half-removed workspace where a session would find it.
+func (m *Manager) discard(dir string) error {
+	if err := os.MkdirAll(m.trash, 0o700); err != nil {
+		return err
+	}
+	junk := filepath.Join(m.trash, newID("ws"))
+	if err := os.Rename(dir, junk); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		if err := os.RemoveAll(junk); err != nil {
+			m.log.Error("removing a discarded workspace", "dir", junk, "err", err)
+		}
+	}()
+	return nil
+}
+
+// Files is a session's workspace open for a file call. Close it: while it
+// is open the workspace is not hibernated or replaced under the call.
+type Files struct {
+	*workspace.Workspace
+	e    *entry
+	once sync.Once
+}
+
+// Close closes the workspace and ends the file call.
+func (f *Files) Close() error {
+	f.release()
+	return f.Workspace.Close()
+}
+
+// Workspace opens the session's workspace for a file call. A file call is
+// activity: it thaws a paused session and restores a hibernated one
+//
+func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *Files, error) {
 	s, err := m.Get(ctx, tenant, id)
 	if err != nil {
 		return nil, nil, err
 	}
-	if s.Status == api.StatusTerminated {
-		return nil, nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrNotFound)
+	k := key{tenant, id}
+	for {
+		switch s.Status {
+		case api.StatusTerminated:
+			return nil, nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrNotFound)
+		case api.StatusPaused, api.StatusHibernated:
+			if s, err = m.wakeUp(ctx, k, false); err != nil {
+				return nil, nil, err
+			}
+		}
+		// Count the call before opening, then make sure no hibernation
+		// slipped in between the status read and the count.
+		e := m.entry(k)
+		e.mu.Lock()
+		e.files++
+		e.mu.Unlock()
+		f := &Files{e: e}
+		if s, err = m.Get(ctx, tenant, id); err != nil || s.Status == api.StatusHibernated || s.Status == api.StatusTerminated {
+			f.release()
+			if err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		ws, err := workspace.Open(m.workspaceDir(k), m.opt.Owners)
+		if err != nil {
+			f.release()
+			return nil, nil, err
+		}
+		f.Workspace = ws
+		m.touch(ctx, k)
+		return s, f, nil
 	}
-	ws, err := workspace.Open(m.workspaceDir(key{tenant, id}), m.opt.Owners)
-	if err != nil {
-		return nil, nil, err
-	}
-	m.touch(ctx, key{tenant, id})
-	return s, ws, nil
+}
+
+func (f *Files) release() {
+	f.once.Do(func() {
+		f.e.mu.Lock()
+		f.e.files--
+		f.e.mu.Unlock()
+	})
 }
 
 // Delete kills the session's sandbox at once, removes its workspace,
-// executions and uploads, and marks it terminated. Deleting a terminated
-// session again is not an error.
+// snapshots, executions and uploads, and marks it terminated. Deleting a
+// terminated session again is not an error.
 func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, error) {
 	k := key{tenant, id}
 	if !ValidID(id) {
@@ -380,10 +566,22 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 		return nil, err
 	}
 	if rec.Status == api.StatusTerminated {
-		return decode(rec)
+		return m.decode(rec)
 	}
+	if rec, err = m.terminate(ctx, rec, ""); err != nil {
+		return nil, err
+	}
+	return m.decode(rec)
+}
+
+// terminate ends a session: its executions are cancelled, its sandbox
+// destroyed, its workspace, snapshots, executions and uploads removed,
+// and its record marked terminated (with why, if set). The caller holds
+// the session's lock.
+func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string) (*store.Session, error) {
+	k := key{rec.Tenant, rec.ID}
 	for _, f := range m.onDelete {
-		f(tenant, id)
+		f(k.tenant, k.id)
 	}
 	m.mu.Lock()
 	e := m.entries[k]
@@ -411,83 +609,22 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 	if rec.SandboxID != "" && rec.SandboxID != held {
 		m.destroyByID(ctx, rec)
 	}
-	if ws, err := workspace.Open(m.workspaceDir(k), m.opt.Owners); err == nil {
-		if err := ws.Destroy(); err != nil {
-			m.log.Error("removing workspace", "session", id, "err", err)
-		}
-		ws.Close()
+	if err := m.discard(m.workspaceDir(k)); err != nil {
+		m.log.Error("removing workspace", "session", k.id, "err", err)
 	}
-	if err := m.opt.Store.DeleteExecutions(ctx, tenant, id); err != nil {
+	m.dropSnapshots(ctx, k)
+	if err := m.opt.Store.DeleteExecutions(ctx, k.tenant, k.id); err != nil {
 		return nil, err
 	}
-	if err := m.opt.Store.DeleteUploads(ctx, tenant, id, ""); err != nil {
+	if err := m.opt.Store.DeleteUploads(ctx, k.tenant, k.id, ""); err != nil {
 		return nil, err
 	}
-	return m.setStatus(ctx, k, api.StatusTerminated, "")
-}
-
-// Pause freezes the session's sandbox. Only a session with a running
-// sandbox can be paused (ErrFailedPrecondition otherwise).
-func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error) {
-	k := key{tenant, id}
-	unlock := m.lock(k)
-	defer unlock()
-	s, err := m.Get(ctx, tenant, id)
-	if err != nil {
-		return nil, err
-	}
-	if s.Status == api.StatusPaused {
-		return s, nil
-	}
-	e := m.entry(k)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.sb == nil {
-		return nil, fmt.Errorf("session %q is %s, not running: only a running session can be paused: %w", id, s.Status, errdefs.ErrFailedPrecondition)
-	}
-	if err := e.sb.rt.Pause(ctx, e.sb.id); err != nil {
-		return nil, err
-	}
-	e.paused = true
-	return m.setStatus(ctx, k, api.StatusPaused, "")
-}
-
-// Resume thaws a paused session. A session without a sandbox gets one
-// started (status pending); a running one is returned as is.
-func (m *Manager) Resume(ctx context.Context, tenant, id string) (*Session, error) {
-	k := key{tenant, id}
-	unlock := m.lock(k)
-	defer unlock()
-	s, err := m.Get(ctx, tenant, id)
-	if err != nil {
-		return nil, err
-	}
-	if s.Status == api.StatusTerminated {
-		return nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	e := m.entry(k)
-	e.mu.Lock()
-	if e.sb != nil {
-		defer e.mu.Unlock()
-		if !e.paused {
-			return s, nil
-		}
-		if err := e.sb.rt.Resume(ctx, e.sb.id); err != nil {
-			return nil, err
-		}
-		e.paused = false
-		return m.setStatus(ctx, k, api.StatusRunning, "")
-	}
-	e.mu.Unlock()
-	if s.Status == api.StatusPending && e.start != nil {
-		return s, nil
-	}
-	m.kick(e, s)
-	return m.setStatus(ctx, k, api.StatusPending, "")
+	rec.SandboxID = ""
+	return m.move(ctx, rec, api.StatusTerminated, why)
 }
 
 // Keepalive extends the session's life: it expires timeout from now (its
-// TTL when timeout is 0), never more than MaxTTL from now.
+// TTL when timeout is 0), never more than MaxTTL from now. It is activity.
 func (m *Manager) Keepalive(ctx context.Context, tenant, id string, timeout int64) (*Session, error) {
 	if timeout < 0 || timeout > int64(MaxTTL/time.Second) {
 		return nil, invalid("timeout %d: want 1..%d seconds (0 for the session's TTL)", timeout, int64(MaxTTL/time.Second))
@@ -500,35 +637,55 @@ func (m *Manager) Keepalive(ctx context.Context, tenant, id string, timeout int6
 		return nil, err
 	}
 	if s.Status == api.StatusTerminated {
-		return nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrFailedPrecondition)
+		return nil, &TransitionError{Session: id, From: s.Status, To: s.Status, Why: "a terminated session cannot be kept alive; create it again"}
 	}
 	if timeout == 0 {
 		timeout = s.Config.TTL
 	}
 	now := time.Now().UTC()
 	s.ExpiresAt = now.Add(time.Duration(timeout) * time.Second)
-	s.LastActivityAt, s.UpdatedAt = now, now
-	if err := m.opt.Store.UpdateSession(ctx, &s.Session); err != nil {
+	s.LastActivityAt = now
+	if err := m.save(ctx, &s.Session); err != nil {
 		return nil, err
 	}
-	return s, nil
+	return m.decode(&s.Session)
 }
 
-// setStatus writes a new status (and error message) to the record. The
-// caller holds the session's lock.
+// move takes the record to a new status (and error message), if the state
+// machine allows it, and writes it. The caller holds the session's lock.
+func (m *Manager) move(ctx context.Context, rec *store.Session, status, msg string) (*store.Session, error) {
+	if !canMove(rec.Status, status) {
+		return nil, &TransitionError{Session: rec.ID, From: rec.Status, To: status}
+	}
+	rec.Status, rec.Error = status, msg
+	if err := m.save(ctx, rec); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// save writes the record with its reaper schedule brought up to date.
+func (m *Manager) save(ctx context.Context, rec *store.Session) error {
+	var cfg Config
+	if err := json.Unmarshal(rec.Config, &cfg); err != nil {
+		return fmt.Errorf("session %q: stored config: %w", rec.ID, err)
+	}
+	rec.UpdatedAt = time.Now().UTC()
+	rec.DueAt = dueAt(rec, &cfg, m.opt.Defaults)
+	return m.opt.Store.UpdateSession(ctx, rec)
+}
+
+// setStatus moves the stored session to a new status. The caller holds
+// the session's lock.
 func (m *Manager) setStatus(ctx context.Context, k key, status, msg string) (*Session, error) {
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil {
 		return nil, err
 	}
-	rec.Status, rec.Error, rec.UpdatedAt = status, msg, time.Now().UTC()
-	if status == api.StatusTerminated {
-		rec.SandboxID = ""
-	}
-	if err := m.opt.Store.UpdateSession(ctx, rec); err != nil {
+	if rec, err = m.move(ctx, rec, status, msg); err != nil {
 		return nil, err
 	}
-	return decode(rec)
+	return m.decode(rec)
 }
 
 // touch records activity, at most once a second per session in the store.
@@ -551,7 +708,7 @@ func (m *Manager) touch(ctx context.Context, k key) {
 		return
 	}
 	rec.LastActivityAt = now.UTC()
-	if err := m.opt.Store.UpdateSession(ctx, rec); err != nil {
+	if err := m.save(ctx, rec); err != nil {
 		m.log.Warn("recording activity", "session", k.id, "err", err)
 	}
 }
@@ -584,16 +741,11 @@ func (m *Manager) SandboxCounts() map[string]int {
 		entries = append(entries, e)
 	}
 	m.mu.Unlock()
-	out := map[string]int{"starting": 0, "running": 0, "paused": 0}
+	out := map[string]int{api.SandboxStarting: 0, api.SandboxRunning: 0, api.SandboxPaused: 0}
 	for _, e := range entries {
 		e.mu.Lock()
-		switch {
-		case e.start != nil:
-			out["starting"]++
-		case e.sb != nil && e.paused:
-			out["paused"]++
-		case e.sb != nil:
-			out["running"]++
+		if st := e.state(); st != api.SandboxNone {
+			out[st]++
 		}
 		e.mu.Unlock()
 	}

@@ -75,12 +75,32 @@ func setup() (*Env, error) {
 }
 
 // BuildExecutor builds cmd/sbx-executor as a static binary at out.
-func BuildExecutor(out string) error {
+func BuildExecutor(out string) error { return build("./cmd/sbx-executor", out) }
+
+var (
+	sbxOnce sync.Once
+	sbxErr  error
+)
+
+// Sbx builds cmd/sbx once per process, beside the executor, and returns
+// its path: for tests that run the server as a process of its own (to kill
+// it with SIGKILL, say).
+func (e *Env) Sbx(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(filepath.Dir(e.Executor), "sbx")
+	sbxOnce.Do(func() { sbxErr = build("./cmd/sbx", path) })
+	if sbxErr != nil {
+		t.Fatalf("test environment: %v", sbxErr)
+	}
+	return path
+}
+
+func build(pkg, out string) error {
 	mod, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("go", "build", "-o", out, "./cmd/sbx-executor")
+	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = filepath.Dir(strings.TrimSpace(string(mod)))
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -94,7 +114,7 @@ type buildError struct {
 	err error
 }
 
-func (e *buildError) Error() string { return "build sbx-executor: " + e.err.Error() + ": " + e.out }
+func (e *buildError) Error() string { return "go build: " + e.err.Error() + ": " + e.out }
 
 // TemplateDir is where tests keep built templates: SBX_TEST_TEMPLATE_DIR,
 // else the default store, so that builds are shared with `sbx` and cached

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"path/filepath"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/session"
+)
+
+var hibernated = flag.Int("hibernated", 10000, "sessions to hibernate for the hibernated-sessions measure")
+
+// benchLifecycle measures the session lifecycle over HTTP (R-60..R-66):
+// create -> first result without a pool, pause and resume, memory of a
+// paused sandbox, hibernate and restore of a 100 MB workspace, and what
+// many hibernated sessions cost.
+func benchLifecycle(ctx context.Context, rt *oci.Runtime, add func(row)) {
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-lifecycle"), func(string) (runtime.Runtime, error) { return rt, nil })
+	defer cp.stop()
+	c := cp.c
+
+	i := 0
+	first := measure(*httpCreates, func() {
+		i++
+		id := fmt.Sprintf("first-%d", i)
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id, TemplateID: "python"}); err != nil {
+			log.Fatal(err)
+		}
+		mustExec(ctx, c, id, "print(1)")
+	})
+	add(row{name: "(i) HTTP create session -> first result (python, lazy, no pool)", p50: first.p(50), p99: first.p(99), goal: "< 5 s (SPEC floor)"})
+	for j := 1; j <= i; j++ {
+		c.DeleteSession(ctx, fmt.Sprintf("first-%d", j))
+	}
+
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "life", TemplateID: "python"}); err != nil {
+		log.Fatal(err)
+	}
+	mustExec(ctx, c, "life", "print(1)")
+	var ps, rs samples
+	for range 30 {
+		t0 := time.Now()
+		if _, err := c.PauseSession(ctx, "life"); err != nil {
+			log.Fatal(err)
+		}
+		ps = append(ps, time.Since(t0))
+		t0 = time.Now()
+		if _, err := c.ResumeSession(ctx, "life"); err != nil {
+			log.Fatal(err)
+		}
+		rs = append(rs, time.Since(t0))
+	}
+	sortSamples(ps)
+	sortSamples(rs)
+	add(row{name: "(j) HTTP pause (freeze) a python sandbox", p50: ps.p(50), p99: ps.p(99), goal: "< 10 ms"})
+	add(row{name: "    HTTP resume (thaw) it", p50: rs.p(50), p99: rs.p(99), goal: "< 10 ms"})
+	c.PauseSession(ctx, "life")
+	time.Sleep(500 * time.Millisecond)
+	if id := sandboxOf(ctx, rt, "life"); id != "" {
+		if st, err := rt.Stats(ctx, id); err == nil {
+			add(row{name: "    memory of a paused python sandbox", mem: st.MemoryBytes})
+		}
+	}
+	pausedExec := measure(10, func() {
+		c.PauseSession(ctx, "life")
+		mustExec(ctx, c, "life", "print(1)")
+	})
+	add(row{name: "    execute on a paused session (thaw included)", p50: pausedExec.p(50), p99: pausedExec.p(99)})
+
+	// 100 MB: one 50 MB file and fifty of 1 MB, random (incompressible).
+	mustExec(ctx, c, "life", `
+import os
+os.makedirs("/workspace/data", exist_ok=True)
+open("/workspace/data/big.bin", "wb").write(os.urandom(50 << 20))
+for i in range(50):
+    open("/workspace/data/part%02d.bin" % i, "wb").write(os.urandom(1 << 20))
+`)
+	var hs, ws samples
+	for k := range 3 {
+		t0 := time.Now()
+		if _, err := c.HibernateSession(ctx, "life"); err != nil {
+			log.Fatal(err)
+		}
+		hs = append(hs, time.Since(t0))
+		t0 = time.Now()
+		// A file call restores the workspace and starts no sandbox.
+		if _, err := c.ListFiles(ctx, "life", client.ListFilesOptions{Path: "data"}); err != nil {
+			log.Fatal(err)
+		}
+		ws = append(ws, time.Since(t0))
+		if k == 0 {
+			add(row{name: "(k) HTTP hibernate, 100 MB workspace, first time", p50: hs[0]})
+		}
+	}
+	add(row{name: "    HTTP hibernate again, content unchanged (stored once)", p50: hs[2]})
+	sortSamples(ws)
+	add(row{name: "    HTTP restore a hibernated 100 MB workspace (file call)", p50: ws.p(50), p99: ws[len(ws)-1], goal: "< 1 s"})
+	t0 := time.Now()
+	c.HibernateSession(ctx, "life")
+	mustExec(ctx, c, "life", "print(1)")
+	add(row{name: "    execute on a hibernated 100 MB session (restore + new sandbox)", p50: time.Since(t0)})
+	s1, err := c.CreateSnapshot(ctx, "life")
+	if err != nil {
+		log.Fatal(err)
+	}
+	t0 = time.Now()
+	s2, err := c.CreateSnapshot(ctx, "life")
+	if err != nil {
+		log.Fatal(err)
+	}
+	add(row{name: "    snapshot of the unchanged 100 MB workspace", p50: time.Since(t0),
+		vs: fmt.Sprintf("stored %d bytes (first snapshot: %d)", *s2.NewBytes, *s1.NewBytes)})
+	c.DeleteSession(ctx, "life")
+
+	// Many hibernated sessions: what each costs the server.
+	rss0 := rssBytes()
+	var hib samples
+	for k := range *hibernated {
+		id := fmt.Sprintf("hib-%05d", k)
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id}); err != nil {
+			log.Fatal(err)
+		}
+		t0 := time.Now()
+		if _, err := c.HibernateSession(ctx, id); err != nil {
+			log.Fatal(err)
+		}
+		hib = append(hib, time.Since(t0))
+	}
+	rss := rssBytes()
+	sortSamples(hib)
+	add(row{name: fmt.Sprintf("(l) HTTP hibernate an empty session (%d sessions)", *hibernated), p50: hib.p(50), p99: hib.p(99)})
+	add(row{name: fmt.Sprintf("    process RSS growth holding %d hibernated sessions", *hibernated), mem: max(rss-min(rss, rss0), 1), goal: "tens of MB"})
+	t0 = time.Now()
+	acted := cp.app.Sessions.Reap(ctx, time.Now())
+	add(row{name: fmt.Sprintf("    a reaper pass with %d hibernated sessions (none due)", *hibernated), p50: time.Since(t0), vs: fmt.Sprintf("%d acted on", acted)})
+}
+
+func mustExec(ctx context.Context, c *client.Client, id, code string) {
+	res, err := c.Execute(ctx, id, api.ExecuteRequest{Code: code})
+	if err != nil || res.Status != api.ExecCompleted {
+		log.Fatalf("execute in %s: %+v %v", id, res, err)
+	}
+}
+
+// sandboxOf is the id of the session's sandbox, "" if it has none.
+func sandboxOf(ctx context.Context, rt runtime.Runtime, id string) string {
+	infos, _ := rt.List(ctx)
+	for _, info := range infos {
+		if info.Labels[session.LabelSession] == id {
+			return info.ID
+		}
+	}
+	return ""
+}

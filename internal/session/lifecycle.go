@@ -1,0 +1,471 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// Pause freezes the session's sandbox (R-05). A session without a sandbox
+// has nothing to freeze and is simply marked paused; the next call makes
+// it running again either way.
+func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error) {
+	k := key{tenant, id}
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.record(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if rec, err = m.pause(ctx, rec); err != nil {
+		return nil, err
+	}
+	return m.decode(rec)
+}
+
+// pause freezes the sandbox and marks the session paused. A start or an
+// execution in flight refuses it (the reaper then tries again later). The
+// caller holds the session's lock.
+func (m *Manager) pause(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	if rec.Status == api.StatusPaused {
+		return rec, nil
+	}
+	if !canMove(rec.Status, api.StatusPaused) {
+		return nil, &TransitionError{Session: rec.ID, From: rec.Status, To: api.StatusPaused}
+	}
+	e := m.entry(key{rec.Tenant, rec.ID})
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.busy(rec, api.StatusPaused); err != nil {
+		return nil, err
+	}
+	if e.sb != nil {
+		if err := e.sb.rt.Pause(ctx, e.sb.id); err != nil {
+			return nil, err
+		}
+		e.paused = true
+	}
+	m.opt.Events("pause")
+	return m.move(ctx, rec, api.StatusPaused, "")
+}
+
+// busy refuses a change that would pull the sandbox from under a start or
+// an execution. The caller holds e.mu.
+func (e *entry) busy(rec *store.Session, to string) error {
+	switch {
+	case e.start != nil:
+		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "its sandbox is starting; try again in a moment"}
+	case e.active == 1:
+		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "an execution is running; wait for it or cancel it"}
+	case e.active > 1:
+		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: fmt.Sprintf("%d executions are running; wait for them or cancel them", e.active)}
+	case e.files > 0 && to != api.StatusPaused:
+		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "a file call is using its workspace; try again in a moment"}
+	}
+	return nil
+}
+
+// Resume makes a session running (R-05): it thaws a paused sandbox,
+// restores a hibernated workspace, and starts a sandbox in the background
+// when there is none, so that the next execution finds it warm. A session
+// in error goes to pending while its new sandbox starts.
+func (m *Manager) Resume(ctx context.Context, tenant, id string) (*Session, error) {
+	return m.wakeUp(ctx, key{tenant, id}, true)
+}
+
+// wakeUp brings a paused or hibernated session back to running; with
+// start, it also starts a sandbox if there is none and none coming.
+func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, error) {
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.record(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status == api.StatusTerminated {
+		return nil, &TransitionError{Session: k.id, From: rec.Status, To: api.StatusRunning, Why: "create it again"}
+	}
+	if rec.Status == api.StatusHibernated {
+		if rec, err = m.restoreHibernated(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
+	// A frozen sandbox is thawed whatever the record says: a crash
+	// between the freeze and its record leaves the two apart.
+	e := m.entry(k)
+	e.mu.Lock()
+	if e.sb != nil && e.paused {
+		if err := e.sb.rt.Resume(ctx, e.sb.id); err != nil {
+			e.mu.Unlock()
+			return nil, err
+		}
+		e.paused = false
+	}
+	e.mu.Unlock()
+	if rec.Status == api.StatusPaused {
+		m.opt.Events("resume")
+		if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
+			return nil, err
+		}
+	}
+	if start {
+		s, err := m.decode(rec)
+		if err != nil {
+			return nil, err
+		}
+		started, err := m.kick(e, s)
+		if err != nil {
+			return nil, err
+		}
+		if started && rec.Status == api.StatusError {
+			if rec, err = m.move(ctx, rec, api.StatusPending, ""); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m.decode(rec)
+}
+
+// record reads the session's record; ErrNotFound for an invalid id.
+func (m *Manager) record(ctx context.Context, k key) (*store.Session, error) {
+	if !ValidID(k.id) {
+		return nil, fmt.Errorf("session %q: %w", k.id, errdefs.ErrNotFound)
+	}
+	return m.opt.Store.GetSession(ctx, k.tenant, k.id)
+}
+
+// Hibernate saves the session's workspace to the blob store and destroys
+// its sandbox (R-61); the next call restores it.
+func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*Session, error) {
+	k := key{tenant, id}
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.record(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if rec, err = m.hibernate(ctx, rec); err != nil {
+		return nil, err
+	}
+	return m.decode(rec)
+}
+
+// hibernate does Hibernate's work. The caller holds the session's lock.
+//
+// The order makes a crash at any point harmless: the workspace is saved
+// before the record says hibernated, and removed (moved to the trash in one
+// rename) only after; a restore that finds the directory still there uses
+// it, since nothing could change it once the sandbox was gone.
+func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	if rec.Status == api.StatusHibernated {
+		return rec, nil
+	}
+	if !canMove(rec.Status, api.StatusHibernated) {
+		return nil, &TransitionError{Session: rec.ID, From: rec.Status, To: api.StatusHibernated}
+	}
+	if m.opt.Snapshots == nil {
+		return nil, fmt.Errorf("session %q: hibernation needs a blob store, and this server has none: %w", rec.ID, errdefs.ErrUnavailable)
+	}
+	k := key{rec.Tenant, rec.ID}
+	e := m.entry(k)
+	e.mu.Lock()
+	if err := e.busy(rec, api.StatusHibernated); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	sb, prev := e.sb, e.snap
+	e.sb, e.paused = nil, false
+	e.mu.Unlock()
+	if sb != nil {
+		m.destroy(ctx, sb)
+	} else if rec.SandboxID != "" {
+		m.destroyByID(ctx, rec)
+	}
+	rec.SandboxID = ""
+	if _, _, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), hibernatedKey(k), prev); err != nil {
+		// The sandbox is gone; the record must say so.
+		if serr := m.save(ctx, rec); serr != nil {
+			m.log.Error("recording a lost sandbox", "session", rec.ID, "err", serr)
+		}
+		return nil, fmt.Errorf("session %q: saving its workspace: %w", rec.ID, err)
+	}
+	rec, err := m.move(ctx, rec, api.StatusHibernated, "")
+	if err != nil {
+		return nil, err
+	}
+	if err := m.discard(m.workspaceDir(k)); err != nil {
+		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
+	}
+	m.opt.Events("hibernate")
+	return rec, nil
+}
+
+// restoreHibernated puts a hibernated session's workspace back on the
+// host and makes it running. The caller holds the session's lock.
+func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	k := key{rec.Tenant, rec.ID}
+	dir := m.workspaceDir(k)
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		if m.opt.Snapshots == nil {
+			return nil, fmt.Errorf("session %q is hibernated and this server has no blob store: %w", rec.ID, errdefs.ErrUnavailable)
+		}
+		if _, err := m.opt.Snapshots.Restore(ctx, hibernatedKey(k), dir); err != nil {
+			return nil, fmt.Errorf("session %q: restoring its hibernated workspace: %w", rec.ID, err)
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	rec.LastActivityAt = time.Now().UTC()
+	rec, err := m.move(ctx, rec, api.StatusRunning, "")
+	if err != nil {
+		return nil, err
+	}
+	if m.opt.Snapshots != nil {
+		if err := m.opt.Snapshots.Delete(ctx, hibernatedKey(k)); err != nil {
+			m.log.Warn("removing a hibernated workspace's manifest", "session", rec.ID, "err", err)
+		}
+	}
+	m.opt.Events("restore")
+	return rec, nil
+}
+
+// Blob keys of a session's saved workspaces: TENANT/SESSION/hibernated
+// and TENANT/SESSION/snapshots/ID.
+func hibernatedKey(k key) string          { return k.tenant + "/" + k.id + "/hibernated" }
+func snapshotPrefix(k key) string         { return k.tenant + "/" + k.id + "/snapshots/" }
+func snapshotKey(k key, id string) string { return snapshotPrefix(k) + id }
+
+var snapshotIDPattern = regexp.MustCompile(`^snap-[0-9]{8}T[0-9]{9}Z-[0-9a-f]{8}$`)
+
+func newSnapshotID() string {
+	b := newID("x")[2:10]
+	return "snap-" + strings.Replace(time.Now().UTC().Format("20060102T150405.000Z"), ".", "", 1) + "-" + b
+}
+
+func toAPISnapshot(k key, id string, mf *snapshot.Manifest) api.Snapshot {
+	return api.Snapshot{
+		SnapshotID: id, SessionID: k.id, CreatedAt: mf.CreatedAt.UTC(),
+		Files: mf.Files, Dirs: mf.Dirs, Symlinks: mf.Symlinks, Bytes: mf.Size,
+	}
+}
+
+// CreateSnapshot saves the session's workspace as a snapshot (R-65): files
+// unchanged since the last snapshot are not read again, and content the
+// blob store has already is not stored twice. A running sandbox is frozen
+// for the copy, so the snapshot is of one moment.
+func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.Snapshot, error) {
+	if m.opt.Snapshots == nil {
+		return nil, fmt.Errorf("snapshots need a blob store, and this server has none: %w", errdefs.ErrUnavailable)
+	}
+	k := key{tenant, id}
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.live(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status == api.StatusHibernated {
+		if _, err = m.restoreHibernated(ctx, rec); err != nil {
+			return nil, err
+		}
+	}
+	e := m.entry(k)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sb != nil && !e.paused {
+		if err := e.sb.rt.Pause(ctx, e.sb.id); err == nil {
+			defer func() {
+				if err := e.sb.rt.Resume(context.WithoutCancel(ctx), e.sb.id); err != nil {
+					m.log.Error("thawing a sandbox after a snapshot", "session", id, "err", err)
+				}
+			}()
+		}
+	}
+	sid := newSnapshotID()
+	mf, st, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), snapshotKey(k, sid), e.snap)
+	if err != nil {
+		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
+	}
+	e.snap = mf
+	out := toAPISnapshot(k, sid, mf)
+	out.NewBytes = &st.NewBytes
+	return &out, nil
+}
+
+// live reads a session's record; a terminated session is ErrNotFound.
+func (m *Manager) live(ctx context.Context, k key) (*store.Session, error) {
+	rec, err := m.record(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status == api.StatusTerminated {
+		return nil, fmt.Errorf("session %q is terminated: %w", k.id, errdefs.ErrNotFound)
+	}
+	return rec, nil
+}
+
+// Snapshots lists the session's snapshots, oldest first.
+func (m *Manager) Snapshots(ctx context.Context, tenant, id string) ([]api.Snapshot, error) {
+	k := key{tenant, id}
+	if _, err := m.live(ctx, k); err != nil {
+		return nil, err
+	}
+	out := []api.Snapshot{}
+	if m.opt.Snapshots == nil {
+		return out, nil
+	}
+	infos, err := m.opt.Snapshots.List(ctx, snapshotPrefix(k))
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(infos, func(i, j int) bool { return infos[i].Key < infos[j].Key })
+	for _, info := range infos {
+		sid := strings.TrimPrefix(info.Key, snapshotPrefix(k))
+		mf, err := m.opt.Snapshots.Load(ctx, info.Key)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // deleted meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, toAPISnapshot(k, sid, mf))
+	}
+	return out, nil
+}
+
+// Snapshot describes one snapshot; ErrNotFound if the session has none of
+// that id.
+func (m *Manager) Snapshot(ctx context.Context, tenant, id, sid string) (*api.Snapshot, error) {
+	k := key{tenant, id}
+	if _, err := m.live(ctx, k); err != nil {
+		return nil, err
+	}
+	mf, err := m.loadSnapshot(ctx, k, sid)
+	if err != nil {
+		return nil, err
+	}
+	out := toAPISnapshot(k, sid, mf)
+	return &out, nil
+}
+
+func (m *Manager) loadSnapshot(ctx context.Context, k key, sid string) (*snapshot.Manifest, error) {
+	if m.opt.Snapshots == nil || !snapshotIDPattern.MatchString(sid) {
+		return nil, fmt.Errorf("snapshot %q: %w", sid, errdefs.ErrNotFound)
+	}
+	mf, err := m.opt.Snapshots.Load(ctx, snapshotKey(k, sid))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, fmt.Errorf("snapshot %q: %w", sid, errdefs.ErrNotFound)
+	}
+	return mf, err
+}
+
+// DeleteSnapshot removes a snapshot; its content goes with the next
+// collection of what no snapshot references.
+func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) error {
+	k := key{tenant, id}
+	unlock := m.lock(k)
+	defer unlock()
+	if _, err := m.live(ctx, k); err != nil {
+		return err
+	}
+	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {
+		return err
+	}
+	return m.opt.Snapshots.Delete(ctx, snapshotKey(k, sid))
+}
+
+// RestoreSnapshot replaces the session's workspace with a snapshot's
+// (R-65). The sandbox is destroyed first: its processes and contexts
+// belonged to the workspace that goes; the next execution gets a new one.
+// The new workspace takes the old one's place in one atomic exchange.
+func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (*Session, error) {
+	k := key{tenant, id}
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.live(ctx, k)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {
+		return nil, err
+	}
+	e := m.entry(k)
+	e.mu.Lock()
+	if err := e.busy(rec, api.StatusRunning); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	sb := e.sb
+	e.sb, e.paused, e.snap = nil, false, nil
+	e.mu.Unlock()
+	if sb != nil {
+		m.destroy(ctx, sb)
+	} else if rec.SandboxID != "" {
+		m.destroyByID(ctx, rec)
+	}
+	rec.SandboxID = ""
+	if err := os.MkdirAll(m.trash, 0o700); err != nil {
+		return nil, err
+	}
+	fresh := m.trash + "/" + newID("restore")
+	if _, err := m.opt.Snapshots.Restore(ctx, snapshotKey(k, sid), fresh); err != nil {
+		if serr := m.save(ctx, rec); serr != nil {
+			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
+		}
+		return nil, fmt.Errorf("session %q: restoring snapshot %s: %w", id, sid, err)
+	}
+	dir := m.workspaceDir(k)
+	err = unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
+	switch {
+	case err == nil:
+		if err := m.discard(fresh); err != nil { // now the old workspace
+			m.log.Error("removing a replaced workspace", "session", id, "err", err)
+		}
+	case errors.Is(err, unix.ENOENT): // hibernated: no workspace on the host
+		if err := os.Rename(fresh, dir); err != nil {
+			return nil, err
+		}
+	default:
+		os.RemoveAll(fresh)
+		return nil, fmt.Errorf("session %q: putting the restored workspace in place: %w", id, err)
+	}
+	if rec.Status == api.StatusHibernated {
+		if err := m.opt.Snapshots.Delete(ctx, hibernatedKey(k)); err != nil {
+			m.log.Warn("removing a hibernated workspace's manifest", "session", id, "err", err)
+		}
+	}
+	rec.LastActivityAt = time.Now().UTC()
+	if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
+		return nil, err
+	}
+	return m.decode(rec)
+}
+
+// dropSnapshots removes the session's snapshots and hibernated workspace.
+func (m *Manager) dropSnapshots(ctx context.Context, k key) {
+	if m.opt.Snapshots == nil {
+		return
+	}
+	infos, err := m.opt.Snapshots.List(ctx, k.tenant+"/"+k.id+"/")
+	if err != nil {
+		m.log.Warn("listing a deleted session's snapshots", "session", k.id, "err", err)
+		return
+	}
+	for _, info := range infos {
+		if err := m.opt.Snapshots.Delete(ctx, info.Key); err != nil {
+			m.log.Warn("removing a deleted session's snapshot", "session", k.id, "err", err)
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// collectEvery is how often the reaper collects the snapshot content no
+// snapshot references any more; collectGrace is how old such content must
+// be, so that a snapshot being written keeps what it found already there.
+const (
+	collectEvery = 10 * time.Minute
+	collectGrace = time.Hour
+)
+
+// reaper is the one background loop of R-62: every ReapInterval it takes
+// the sessions that are due (from an index of the store, not a scan) and
+// pauses, hibernates or terminates them. It takes only the locks of the
+// sessions it works on, and only when no request holds them.
+func (m *Manager) reaper() {
+	defer m.wg.Done()
+	t := time.NewTicker(m.opt.ReapInterval)
+	defer t.Stop()
+	collected := time.Now()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.Reap(m.ctx, time.Now())
+		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
+			collected = time.Now()
+			n, size, err := m.opt.Snapshots.Collect(m.ctx, collectGrace)
+			if err != nil {
+				m.log.Warn("collecting snapshot content", "err", err)
+			} else if n > 0 {
+				m.log.Info("collected snapshot content no snapshot uses", "chunks", n, "bytes", size)
+			}
+		}
+	}
+}
+
+// reapWorkers is how many sessions a pass works on at once: a pause takes
+// milliseconds, a hibernation as long as its workspace takes to save.
+const reapWorkers = 2
+
+// Reap does one pass of the reaper over the sessions due by now, at most
+// ReapBatch of them, and returns how many it acted on.
+func (m *Manager) Reap(ctx context.Context, now time.Time) int {
+	start := time.Now()
+	due, err := m.opt.Store.ListDueSessions(ctx, now, m.opt.ReapBatch)
+	if err != nil {
+		m.log.Warn("reaper: listing due sessions", "err", err)
+		return 0
+	}
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		acted int
+		work  = make(chan *store.Session)
+	)
+	for range min(reapWorkers, len(due)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for rec := range work {
+				if m.reapOne(ctx, rec, now) {
+					mu.Lock()
+					acted++
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for _, rec := range due {
+		work <- rec
+	}
+	close(work)
+	wg.Wait()
+	m.opt.Reaped(time.Since(start), acted)
+	return acted
+}
+
+// reapOne does what a due session needs and reports whether it did
+// anything. A session whose lock a request holds is left for the next
+// pass; one that cannot be acted on (an execution running, a start in
+// flight, an error) is looked at again a little later.
+func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time) bool {
+	k := key{due.Tenant, due.ID}
+	unlock, ok := m.tryLock(k)
+	if !ok {
+		return false
+	}
+	defer unlock()
+	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
+	if err != nil || rec.Status == api.StatusTerminated || rec.DueAt.IsZero() || rec.DueAt.After(now) {
+		return false // gone, or rescheduled since the list was read
+	}
+	var action string
+	switch {
+	case !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt):
+		action = "expire"
+		_, err = m.terminate(ctx, rec, "expired: the session's time to live ran out")
+	case rec.Status == api.StatusHibernated:
+		// Due only for its TTL; activity moved that on. Reschedule.
+		err = m.save(ctx, rec)
+	case rec.Status == api.StatusPaused || rec.SandboxID == "":
+		if m.opt.Snapshots == nil {
+			return m.postpone(ctx, rec, rec.ExpiresAt)
+		}
+		action = "hibernate"
+		_, err = m.hibernate(ctx, rec)
+	default:
+		action = "pause"
+		_, err = m.pause(ctx, rec)
+	}
+	if err != nil {
+		if !errors.As(err, new(*TransitionError)) {
+			m.log.Warn("reaper", "action", action, "tenant", k.tenant, "session", k.id, "err", err)
+		}
+		// Busy or failing: look again when the idle timeout has passed
+		// once more, at most a minute from now.
+		var cfg Config
+		m.postpone(ctx, rec, now.Add(min(time.Minute, m.idleTimeout(rec, &cfg))))
+		return false
+	}
+	if action == "expire" {
+		m.opt.Events("expire")
+	}
+	return action != ""
+}
+
+// idleTimeout is the session's pause timeout.
+func (m *Manager) idleTimeout(rec *store.Session, cfg *Config) time.Duration {
+	if s, err := m.decode(rec); err == nil && s.Config.IdleTimeout > 0 {
+		return time.Duration(s.Config.IdleTimeout) * time.Second
+	}
+	return m.opt.Defaults.IdleTimeout
+}
+
+// postpone writes a later due time than the schedule would, for a session
+// the reaper cannot act on now. It re-reads the record: the failed action
+// may have changed it.
+func (m *Manager) postpone(ctx context.Context, rec *store.Session, until time.Time) bool {
+	cur, err := m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
+	if err != nil || cur.Status == api.StatusTerminated {
+		return false
+	}
+	if until.IsZero() || (!cur.ExpiresAt.IsZero() && cur.ExpiresAt.Before(until)) {
+		until = cur.ExpiresAt
+	}
+	cur.DueAt = until
+	if err := m.opt.Store.UpdateSession(ctx, cur); err != nil {
+		m.log.Warn("reaper: rescheduling", "session", rec.ID, "err", err)
+	}
+	return false
+}

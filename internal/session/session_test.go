@@ -1,0 +1,309 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
+	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// fakeRuntime keeps sandboxes as states in a map: enough for the layer
+// above (the real runtime has its own suite, runtimetest).
+type fakeRuntime struct {
+	mu     sync.Mutex
+	state  map[string]runtime.State
+	pauses int
+}
+
+func newFake() *fakeRuntime { return &fakeRuntime{state: map[string]runtime.State{}} }
+
+func (f *fakeRuntime) add(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state[id] = runtime.StateRunning
+}
+
+func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Info, error) {
+	return nil, errors.New("fake: no creates")
+}
+func (f *fakeRuntime) Dial(ctx context.Context, id string) (net.Conn, error) {
+	return nil, fmt.Errorf("fake: %w", errdefs.ErrUnavailable)
+}
+func (f *fakeRuntime) set(id string, from, to runtime.State) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state[id] != from {
+		return fmt.Errorf("sandbox %s is %q, not %q: %w", id, f.state[id], from, errdefs.ErrFailedPrecondition)
+	}
+	f.state[id] = to
+	return nil
+}
+func (f *fakeRuntime) Pause(ctx context.Context, id string) error {
+	f.mu.Lock()
+	f.pauses++
+	f.mu.Unlock()
+	return f.set(id, runtime.StateRunning, runtime.StatePaused)
+}
+func (f *fakeRuntime) Resume(ctx context.Context, id string) error {
+	return f.set(id, runtime.StatePaused, runtime.StateRunning)
+}
+func (f *fakeRuntime) Stop(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.state[id] = runtime.StateStopped
+	return nil
+}
+func (f *fakeRuntime) Destroy(ctx context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.state, id)
+	return nil
+}
+func (f *fakeRuntime) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st, ok := f.state[id]
+	if !ok {
+		return nil, errdefs.ErrNotFound
+	}
+	return &runtime.Info{ID: id, State: st}, nil
+}
+func (f *fakeRuntime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
+	return &runtime.Stats{}, nil
+}
+func (f *fakeRuntime) List(ctx context.Context) ([]runtime.Info, error) { return nil, nil }
+
+func (f *fakeRuntime) count(st runtime.State) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, s := range f.state {
+		if s == st {
+			n++
+		}
+	}
+	return n
+}
+
+func newManager(t testing.TB, rt runtime.Runtime) *Manager {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "sbx.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	blobs, err := blobfs.New(filepath.Join(dir, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	me := workspace.Owner{UID: os.Getuid(), GID: os.Getgid()}
+	m := New(Options{
+		Store: st, Templates: template.NewStore(filepath.Join(dir, "templates")),
+		Runtime:      func(string) (runtime.Runtime, error) { return rt, nil },
+		WorkspaceDir: filepath.Join(dir, "workspaces"), Owners: workspace.Owners{Root: me, User: me},
+		Snapshots: snapshot.New(blobs, "snapshots"), ReapBatch: 256,
+	})
+	t.Cleanup(m.Close)
+	return m
+}
+
+// attach gives a session a (fake) running sandbox, as a start would.
+func attach(t testing.TB, m *Manager, rt *fakeRuntime, tenant, id string) {
+	t.Helper()
+	ctx := context.Background()
+	k := key{tenant, id}
+	sbid := "sbx-" + id
+	rt.add(sbid)
+	e := m.entry(k)
+	e.mu.Lock()
+	e.sb = &sandbox{id: sbid, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, sbid) })}
+	e.mu.Unlock()
+	unlock := m.lock(k)
+	defer unlock()
+	rec, err := m.opt.Store.GetSession(ctx, tenant, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.SandboxID = sbid
+	if err := m.save(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTransitions(t *testing.T) {
+	for from, tos := range transitions {
+		for _, to := range []string{api.StatusPending, api.StatusRunning, api.StatusPaused, api.StatusHibernated, api.StatusError, api.StatusTerminated} {
+			allowed := from == to
+			for _, x := range tos {
+				allowed = allowed || x == to
+			}
+			if canMove(from, to) != allowed {
+				t.Errorf("canMove(%s, %s) = %v", from, to, !allowed)
+			}
+		}
+	}
+	if canMove(api.StatusTerminated, api.StatusRunning) || canMove(api.StatusHibernated, api.StatusPaused) {
+		t.Error("a terminated session came back, or a hibernated one was paused")
+	}
+	err := error(&TransitionError{Session: "s", From: api.StatusHibernated, To: api.StatusPaused})
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("%v is not ErrFailedPrecondition", err)
+	}
+}
+
+func TestLifecycleWithoutSandbox(t *testing.T) {
+	m := newManager(t, newFake())
+	ctx := context.Background()
+	s, created, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"})
+	if err != nil || !created || s.Status != api.StatusRunning || s.SandboxState != api.SandboxNone {
+		t.Fatalf("create: %+v %v %v", s, created, err)
+	}
+	if s.DueAt.IsZero() || !s.DueAt.Equal(s.LastActivityAt.Add(DefaultHibernateTimeout)) {
+		t.Errorf("a session without a sandbox is due at %v, want its hibernate timeout after %v", s.DueAt, s.LastActivityAt)
+	}
+	_, f, err := m.Workspace(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Hibernate(ctx, "t", "s"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("hibernate during a file call: %v, want failed precondition", err)
+	}
+	if err := os.WriteFile(filepath.Join(f.Dir(), "kept.txt"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if s, err = m.Hibernate(ctx, "t", "s"); err != nil || s.Status != api.StatusHibernated {
+		t.Fatalf("hibernate: %+v %v", s, err)
+	}
+	if _, err := m.Pause(ctx, "t", "s"); !errors.As(err, new(*TransitionError)) {
+		t.Errorf("pause of a hibernated session: %v, want a TransitionError", err)
+	}
+	s, f, err = m.Workspace(ctx, "t", "s")
+	if err != nil || s.Status != api.StatusRunning {
+		t.Fatalf("file call on a hibernated session: %+v %v", s, err)
+	}
+	b, err := os.ReadFile(filepath.Join(f.Dir(), "kept.txt"))
+	f.Close()
+	if string(b) != "kept" {
+		t.Errorf("after hibernation: %q %v", b, err)
+	}
+}
+
+// The reaper over 1,000 sessions: bounded batches, every due session
+// handled, and the right action for each state.
+func TestReaperThousandSessions(t *testing.T) {
+	rt := newFake()
+	m := newManager(t, rt)
+	var (
+		mu     sync.Mutex
+		passes []time.Duration
+	)
+	m.opt.Reaped = func(d time.Duration, n int) {
+		mu.Lock()
+		passes = append(passes, d)
+		mu.Unlock()
+	}
+	ctx := context.Background()
+	const n, withSandbox = 1000, 600
+	for i := range n {
+		id := fmt.Sprintf("s%04d", i)
+		if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: id, IdleTimeout: 60, HibernateTimeout: 120, Timeout: 300}); err != nil {
+			t.Fatal(err)
+		}
+		if i < withSandbox {
+			attach(t, m, rt, "t", id)
+		}
+	}
+	base := time.Now()
+	reapAll := func(at time.Duration) (acted, rounds int) {
+		for {
+			k := m.Reap(ctx, base.Add(at))
+			if k == 0 {
+				return acted, rounds
+			}
+			acted += k
+			rounds++
+		}
+	}
+	// Nothing is due yet.
+	if got := m.Reap(ctx, base.Add(30*time.Second)); got != 0 {
+		t.Errorf("%d sessions acted on before any timeout", got)
+	}
+	// One session is busy: the reaper leaves it.
+	lease, err := m.Acquire(ctx, "t", "s0000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	acted, rounds := reapAll(61 * time.Second)
+	if acted != withSandbox-1 || rt.count(runtime.StatePaused) != withSandbox-1 || rounds < (withSandbox-1)/m.opt.ReapBatch {
+		t.Errorf("idle pass: acted on %d in %d passes, %d paused; want %d", acted, rounds, rt.count(runtime.StatePaused), withSandbox-1)
+	}
+	counts, _ := m.opt.Store.CountSessions(ctx)
+	if counts[api.StatusPaused] != withSandbox-1 || counts[api.StatusRunning] != n-withSandbox+1 {
+		t.Errorf("after the idle pass: %v", counts)
+	}
+	lease.Release()
+
+	// The busy one is paused first, then all are hibernated.
+	acted, _ = reapAll(121 * time.Second)
+	counts, _ = m.opt.Store.CountSessions(ctx)
+	if counts[api.StatusHibernated] != n || acted != n+1 {
+		t.Errorf("hibernate pass: acted on %d; %v", acted, counts)
+	}
+	if left := len(rt.state); left != 0 {
+		t.Errorf("%d sandboxes left after hibernation", left)
+	}
+	acted, _ = reapAll(301 * time.Second)
+	counts, _ = m.opt.Store.CountSessions(ctx)
+	if counts[api.StatusTerminated] != n || acted != n {
+		t.Errorf("expiry pass: acted on %d; %v", acted, counts)
+	}
+	mu.Lock()
+	var longest time.Duration
+	for _, d := range passes {
+		longest = max(longest, d)
+	}
+	t.Logf("%d passes, the longest %v", len(passes), longest)
+	mu.Unlock()
+}
+
+// The reaper skips a session whose lock a request holds: it never waits
+// on a handler.
+func TestReaperSkipsLockedSessions(t *testing.T) {
+	rt := newFake()
+	m := newManager(t, rt)
+	ctx := context.Background()
+	m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "held", IdleTimeout: 1})
+	attach(t, m, rt, "t", "held")
+	unlock := m.lock(key{"t", "held"})
+	done := make(chan int)
+	go func() { done <- m.Reap(ctx, time.Now().Add(time.Minute)) }()
+	select {
+	case got := <-done:
+		if got != 0 {
+			t.Errorf("acted on a locked session")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reaper waited on a session's lock")
+	}
+	unlock()
+	if got := m.Reap(ctx, time.Now().Add(time.Minute)); got != 1 {
+		t.Errorf("acted on %d sessions once the lock was free, want 1", got)
+	}
+}
