@@ -2,6 +2,7 @@ package oci
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -109,6 +110,55 @@ func frozen(parent, id string) bool {
 		}
 	}
 	return false
+}
+
+// setFrozen freezes or thaws the sandbox's cgroup directly, as `runc
+// pause` and `runc resume` do (and `runc state` reads back): the v1
+// freezer where the host has one, else cgroup v2's cgroup.freeze. It waits
+// until the kernel reports the new state (freezing is asynchronous). It
+// reports false if the sandbox has no freezer cgroup to write.
+func setFrozen(ctx context.Context, parent, id string, on bool) (bool, error) {
+	mounts, err := cgroupMounts()
+	if err != nil {
+		return false, err
+	}
+	file, value := "", ""
+	for _, m := range mounts {
+		dir := filepath.Join(m, parent, id)
+		if _, err := os.Stat(filepath.Join(dir, "freezer.state")); err == nil {
+			file, value = filepath.Join(dir, "freezer.state"), map[bool]string{true: "FROZEN", false: "THAWED"}[on]
+			break
+		}
+		if _, err := os.Stat(filepath.Join(dir, "cgroup.freeze")); err == nil && file == "" {
+			file, value = filepath.Join(dir, "cgroup.freeze"), map[bool]string{true: "1", false: "0"}[on]
+		}
+	}
+	if file == "" {
+		return false, nil
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return true, err
+	}
+	done := func() bool {
+		if strings.HasSuffix(file, "freezer.state") {
+			b, _ := os.ReadFile(file)
+			return strings.TrimSpace(string(b)) == value
+		}
+		return (readKey(filepath.Join(filepath.Dir(file), "cgroup.events"), "frozen") == 1) == on
+	}
+	for delay := 50 * time.Microsecond; !done(); delay = min(2*delay, 5*time.Millisecond) {
+		if on && strings.HasSuffix(file, "freezer.state") {
+			// A v1 freeze that meets a task in an uninterruptible sleep
+			// stays FREEZING; writing FROZEN again retries it.
+			os.WriteFile(file, []byte(value), 0)
+		}
+		select {
+		case <-ctx.Done():
+			return true, fmt.Errorf("waiting for the freezer: %w", ctx.Err())
+		case <-time.After(delay):
+		}
+	}
+	return true, nil
 }
 
 // readCgroupStats reads a sandbox's usage from its cgroups (v1 or v2).

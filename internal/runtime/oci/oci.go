@@ -370,6 +370,36 @@ func (r *Runtime) initProcess(id string) (int, bool) {
 	return 0, false
 }
 
+// freeze pauses or resumes a runc or crun sandbox through its freezer
+// cgroup, without the two runtime processes (state, then pause) the CLI
+// path costs: a few hundred microseconds instead of tens of milliseconds.
+// It reports false, with no error, when there is no freezer to write and
+// the caller should go through the CLI.
+func (r *Runtime) freeze(ctx context.Context, id string, on bool, from string) (bool, error) {
+	if !validID.MatchString(id) {
+		return true, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	if _, err := os.Stat(r.bundle(id)); errors.Is(err, os.ErrNotExist) {
+		return true, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	verb := map[bool]string{true: "pause", false: "resume"}[on]
+	if _, alive := r.initProcess(id); !alive {
+		return true, &runtime.StateError{ID: id, Op: verb, State: runtime.StateStopped}
+	}
+	state := "running"
+	if frozen(r.cfg.CgroupParent, id) {
+		state = "paused"
+	}
+	if state != from {
+		return true, &runtime.StateError{ID: id, Op: verb, State: runtime.State(state)}
+	}
+	ok, err := setFrozen(ctx, r.cfg.CgroupParent, id, on)
+	if err != nil {
+		return true, fmt.Errorf("sandbox %s: %s: %v: %w", id, verb, err, errdefs.ErrUnavailable)
+	}
+	return ok, nil
+}
+
 // killInit is the fast way to stop a runc or crun sandbox: SIGKILL its init
 // (the PID namespace dies with it) and watch it go. `runc delete --force`
 // does the same but polls every 100 ms. It reports whether it found the
@@ -384,8 +414,8 @@ func (r *Runtime) killInit(ctx context.Context, id string) (bool, error) {
 	}
 	if frozen(r.cfg.CgroupParent, id) {
 		// A frozen process cannot die; thaw it so SIGKILL is delivered.
-		if out, err := r.run(ctx, nil, "resume", id); err != nil {
-			return true, fmt.Errorf("sandbox %s: resume to stop: %v: %s", id, err, out)
+		if _, err := setFrozen(ctx, r.cfg.CgroupParent, id, false); err != nil {
+			return true, fmt.Errorf("sandbox %s: thaw to stop: %w", id, err)
 		}
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
@@ -442,6 +472,11 @@ func (r *Runtime) Resume(ctx context.Context, id string) error {
 }
 
 func (r *Runtime) transition(ctx context.Context, id, verb, from string) error {
+	if r.name != "runsc" { // gVisor freezes its own way, through runsc
+		if done, err := r.freeze(ctx, id, verb == "pause", from); done || err != nil {
+			return err
+		}
+	}
 	st, err := r.state(ctx, id)
 	if err != nil {
 		return err
