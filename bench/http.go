@@ -41,14 +41,18 @@ type controlPlane struct {
 	done   chan struct{}
 }
 
-func startControlPlane(dir string, rt func(string) (runtime.Runtime, error)) *controlPlane {
+func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), configure ...func(*server.Config)) *controlPlane {
 	os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
-	app, err := server.Open(ctx, server.Config{
+	cfg := server.Config{
 		DataDir: dir, StateDir: stateRoot, TemplateDir: filepath.Join(*dataDir, "templates"),
 		ExecutorPath: *exePath, Runtime: rt,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	app, err := server.Open(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}

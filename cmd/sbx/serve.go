@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/sbx-sandbox/sbx/internal/server"
@@ -33,18 +34,20 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
 	var (
-		addr     = fs.String("addr", "127.0.0.1:7070", "listen `address`")
-		data     = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
-		state    = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
-		tmplDir  = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
-		level    = fs.String("log-level", "info", "debug, info, warn or error")
-		prebuild = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
-		idle     = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
-		hibern   = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
-		ttl      = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
-		maxSbx   = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		keySpecs multiFlag
+		addr      = fs.String("addr", "127.0.0.1:7070", "listen `address`")
+		data      = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
+		state     = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
+		tmplDir   = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
+		level     = fs.String("log-level", "info", "debug, info, warn or error")
+		prebuild  = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
+		idle      = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
+		hibern    = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
+		ttl       = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
+		maxSbx    = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
+		keySpecs  multiFlag
+		poolSpecs multiFlag
 	)
+	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable)")
 	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -75,6 +78,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(keys) == 0 {
 		log.Warn("no API keys configured: listening on loopback only; every request is tenant \"default\"")
 	}
+	pools := map[string]int{}
+	for _, p := range poolSpecs {
+		name, size, ok := strings.Cut(p, "=")
+		n, err := strconv.Atoi(size)
+		if !ok || err != nil || n < 0 || n > 1000 || name == "" {
+			fmt.Fprintf(stderr, "sbx serve: --pool %q: want TEMPLATE=SIZE, SIZE 0..1000\n", p)
+			return 2
+		}
+		pools[name] = n
+	}
 	var templates []string
 	for _, t := range strings.Split(*prebuild, ",") {
 		if t = strings.TrimSpace(t); t != "" {
@@ -84,7 +97,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	app, err := server.Open(ctx, server.Config{
 		Addr: *addr, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
-		MaxSandboxes: *maxSbx,
+		MaxSandboxes: *maxSbx, Pools: pools,
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)

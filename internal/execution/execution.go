@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -167,6 +168,16 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 	}
 	if sess.Status == api.StatusTerminated {
 		return nil, fmt.Errorf("session %q is terminated; create it again to run code: %w", sessionID, errdefs.ErrFailedPrecondition)
+	}
+	// The session's variables go with every run: a sandbox from a warm
+	// pool was started before the session existed. The request's win.
+	if len(sess.Config.Env) > 0 {
+		env := maps.Clone(sess.Config.Env)
+		maps.Copy(env, rreq.Env)
+		rreq.Env = env
+		if err := rreq.Validate(); err != nil {
+			return nil, fmt.Errorf("env_vars with the session's: %w", err)
+		}
 	}
 	id := newExecID()
 	rreq.ID = id

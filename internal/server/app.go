@@ -59,7 +59,9 @@ type Config struct {
 	MaxSandboxes int
 	// ReapInterval is how often the reaper runs (default 5s).
 	ReapInterval time.Duration
-	Log          *slog.Logger
+	// Pools sizes the warm pool of each template named (R-64).
+	Pools map[string]int
+	Log   *slog.Logger
 }
 
 // App is a running control plane: everything `sbx serve` wires together.
@@ -132,7 +134,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Store: st, Templates: templates, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
-		Snapshots: snapshot.New(blobs, "snapshots"),
+		Snapshots: snapshot.New(blobs, "snapshots"), Pools: cfg.Pools,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)

@@ -424,3 +424,90 @@ func countSandboxes(t *testing.T, state string) map[string]int {
 	}
 	return out
 }
+
+// A warm pool (R-64) hands a new session a ready sandbox with the
+// session's files and variables, is refilled, and never lets one session
+// see another's files or processes.
+func TestWarmPool(t *testing.T) {
+	testenv.New(t).Rootfs(t, "python")
+	rs := startReal(t, t.TempDir(), func(c *server.Config) { c.Pools = map[string]int{"python": 1} })
+	c := client.New(rs.URL)
+	ctx := context.Background()
+	waitPool := func() {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for rs.app.Sessions.PoolSizes()["python"] < 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("the pool was not filled")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	pooledSandboxes := func() map[string]bool {
+		out := map[string]bool{}
+		infos, _ := rs.rt.List(ctx)
+		for _, info := range infos {
+			if info.Labels[session.LabelPool] != "" {
+				out[info.ID] = true
+			}
+		}
+		return out
+	}
+	for _, sid := range []string{"p1", "p2"} {
+		waitPool()
+		ready := pooledSandboxes()
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: sid, TemplateID: "python", EnvVars: map[string]string{"WHO": sid}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Upload(ctx, sid, client.UploadOptions{}, client.UploadFile{Name: "mine.txt", Reader: strings.NewReader("of " + sid)}); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		res := execOK(t, c, sid, api.ExecuteRequest{Language: "bash", Code: `cat /workspace/mine.txt; echo " $WHO"; ls /workspace; touch /tmp/left-by-` + sid})
+		t.Logf("%s: first execution from the pool took %v", sid, time.Since(start))
+		if want := "of " + sid + " " + sid + "\nmine.txt\nuploads\n"; res.Stdout != want {
+			t.Errorf("%s: stdout %q, want %q", sid, res.Stdout, want)
+		}
+		s, _ := c.GetSession(ctx, sid)
+		if s.SandboxState != api.SandboxRunning || rs.sandboxesOf(t, sid) != 0 {
+			t.Errorf("%s: %+v", sid, s)
+		}
+		// Its sandbox is the one that was ready in the pool.
+		infos, _ := rs.rt.List(ctx)
+		found := false
+		for _, info := range infos {
+			found = found || ready[info.ID] && info.State == runtime.StateRunning
+		}
+		if !found {
+			t.Errorf("%s did not get the pooled sandbox", sid)
+		}
+		res = execOK(t, c, sid, api.ExecuteRequest{Language: "bash", Code: "ls /tmp"})
+		if strings.Contains(res.Stdout, "left-by-p1") && sid == "p2" {
+			t.Errorf("p2 sees what p1 left in /tmp: %q", res.Stdout)
+		}
+	}
+	// Uploads after the claim land where the sandbox sees them.
+	if _, err := c.Upload(ctx, "p2", client.UploadOptions{}, client.UploadFile{Name: "later.txt", Reader: strings.NewReader("later")}); err != nil {
+		t.Fatal(err)
+	}
+	if res := execOK(t, c, "p2", api.ExecuteRequest{Code: "return open('/workspace/later.txt').read()"}); string(res.ReturnValue) != `"later"` {
+		t.Errorf("upload after the claim: %s", res.ReturnValue)
+	}
+	// A session with resources of its own starts cold.
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "big", TemplateID: "python", Resources: &api.Resources{Memory: 1024}}); err != nil {
+		t.Fatal(err)
+	}
+	waitPool()
+	execOK(t, c, "big", api.ExecuteRequest{Code: "1"})
+	if rs.sandboxesOf(t, "big") != 1 {
+		t.Error("a session with its own resources did not get a sandbox of its own")
+	}
+	// A restart adopts the pooled sandboxes sessions took.
+	dir := rs.dir
+	rs.stop()
+	rs2 := startReal(t, dir)
+	c2 := client.New(rs2.URL)
+	if res := execOK(t, c2, "p1", api.ExecuteRequest{Language: "bash", Code: "cat /workspace/mine.txt; echo; ls /tmp"}); res.Stdout != "of p1\nleft-by-p1\n" {
+		t.Errorf("p1 after a restart: %q (want its file, and its sandbox's /tmp)", res.Stdout)
+	}
+}

@@ -74,6 +74,10 @@ func NewMetrics(st store.Store, sessions *session.Manager) *Metrics {
 			desc:  prometheus.NewDesc("sbx_sandboxes", "Sandboxes of this server by state (starting, running, paused).", []string{"state"}, nil),
 			count: func(context.Context) (map[string]int, error) { return sessions.SandboxCounts(), nil },
 		})
+		m.reg.MustRegister(&countCollector{
+			desc:  prometheus.NewDesc("sbx_pool_ready", "Warm-pool sandboxes ready, by template (hits and misses: sbx_lifecycle_events_total).", []string{"template"}, nil),
+			count: func(context.Context) (map[string]int, error) { return sessions.PoolSizes(), nil },
+		})
 	}
 	return m
 }

@@ -2,7 +2,6 @@ package session
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -150,6 +149,9 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 			return false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
 		}
 	}
+	if sb := m.fromPool(e, s); sb != nil {
+		return true, nil
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ctx, cancel := context.WithCancel(m.ctx)
@@ -187,6 +189,41 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 		close(st.done)
 	}()
 	return true, nil
+}
+
+// fromPool gives the session a sandbox from its template's warm pool, if
+// it can have one, and records it. The caller holds the session's lock.
+func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
+	if len(m.pools) == 0 {
+		return nil
+	}
+	e.mu.Lock()
+	if e.files > 0 || e.deleted {
+		e.mu.Unlock()
+		return nil // a file call has the workspace open: start cold
+	}
+	e.claiming = true
+	e.mu.Unlock()
+	sb, ok := m.claim(e, s)
+	e.mu.Lock()
+	e.claiming = false
+	if ok {
+		e.sb, e.paused = sb, false
+	}
+	e.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	ctx := context.Background()
+	rec, err := m.opt.Store.GetSession(ctx, e.tenant, e.id)
+	if err == nil {
+		rec.SandboxID = sb.id
+		_, err = m.move(ctx, rec, api.StatusRunning, "")
+	}
+	if err != nil {
+		m.log.Error("recording a sandbox from the warm pool", "session", e.id, "err", err)
+	}
+	return sb
 }
 
 // sandboxes counts the sandboxes this server has or is starting.
@@ -289,23 +326,10 @@ func (m *Manager) template(ctx context.Context, spec template.Spec, s *Session) 
 }
 
 func (m *Manager) pin(s *Session, hash string) {
-	ctx := context.Background()
 	k := key{s.Tenant, s.ID}
 	unlock := m.lock(k)
 	defer unlock()
-	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
-	if err != nil {
-		return
-	}
-	cur, err := m.decode(rec)
-	if err != nil {
-		return
-	}
-	cur.Config.TemplateHash = hash
-	rec.Config, _ = json.Marshal(cur.Config)
-	if err := m.save(ctx, rec); err != nil {
-		m.log.Warn("pinning template", "session", s.ID, "err", err)
-	}
+	m.pinLocked(k, hash)
 }
 
 func dialer(rt runtime.Runtime, id string) *executor.Client {
@@ -347,6 +371,11 @@ func (m *Manager) destroyByID(ctx context.Context, rec *store.Session) {
 // looked at are the default and those of the recorded sessions'
 // templates; one that cannot be had is skipped with its sessions.
 func (m *Manager) Start(ctx context.Context) error {
+	for name := range m.pools {
+		if _, err := m.Template(name); err != nil {
+			return fmt.Errorf("warm pool: %w", err)
+		}
+	}
 	if err := os.RemoveAll(m.trash); err != nil {
 		m.log.Warn("emptying the workspace trash", "err", err)
 	}
@@ -383,7 +412,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		listed[name] = true
 		for _, info := range infos {
-			if info.Labels[LabelSession] != "" { // not sbx run's own
+			if info.Labels[LabelSession] != "" || info.Labels[LabelPool] != "" { // not sbx run's own
 				live[info.ID] = found{info, rt}
 			}
 		}
@@ -394,8 +423,10 @@ func (m *Manager) Start(ctx context.Context) error {
 			continue // its runtime cannot say; leave the record as it is
 		}
 		f, ok := live[rec.SandboxID]
-		usable := ok && f.info.Labels[LabelSession] == rec.ID && f.info.Labels[LabelTenant] == rec.Tenant &&
-			(f.info.State == runtime.StateRunning || f.info.State == runtime.StatePaused)
+		// A sandbox from a warm pool carries the pool's labels, not the
+		// session's: the record naming it is what makes it the session's.
+		mine := f.info.Labels[LabelSession] == rec.ID && f.info.Labels[LabelTenant] == rec.Tenant || f.info.Labels[LabelPool] != ""
+		usable := ok && mine && (f.info.State == runtime.StateRunning || f.info.State == runtime.StatePaused)
 		if usable {
 			delete(live, rec.SandboxID)
 			e := m.entry(key{rec.Tenant, rec.ID})
@@ -426,8 +457,16 @@ func (m *Manager) Start(ctx context.Context) error {
 	if adopted+lost > 0 {
 		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
 	}
+	// What is left there belonged to pooled sandboxes no session took.
+	if err := os.RemoveAll(m.poolDir()); err != nil {
+		m.log.Warn("emptying the warm pools' workspaces", "err", err)
+	}
 	m.wg.Add(1)
 	go m.reaper()
+	if len(m.pools) > 0 {
+		m.wg.Add(1)
+		go m.filler()
+	}
 	return nil
 }
 

@@ -85,6 +85,8 @@ type Options struct {
 	// Reaped, if set, hears how long each reaper pass took and how many
 	// sessions it acted on.
 	Reaped func(took time.Duration, acted int)
+	// Pools sizes the warm pool of each template named.
+	Pools map[string]int
 }
 
 // Session is a session's record with its decoded configuration.
@@ -112,6 +114,9 @@ type Manager struct {
 	locks    map[key]*keyLock
 	runtimes map[string]runtime.Runtime
 	onDelete []func(tenant, id string)
+
+	pools  map[string]*pool // by template; fixed at New
+	refill chan struct{}    // wakes the pool filler
 }
 
 type key struct{ tenant, id string }
@@ -120,13 +125,16 @@ type key struct{ tenant, id string }
 type entry struct {
 	key
 	mu      sync.Mutex
-	sb      *sandbox  // the ready sandbox, or nil
-	start   *startOp  // a start in flight, or nil
-	paused  bool      // sb is frozen
-	deleted bool      // the session is gone: drop whatever a start brings
-	active  int       // leases out: executions using sb
-	files   int       // file calls using the workspace
-	touched time.Time // last activity written to the store
+	sb      *sandbox // the ready sandbox, or nil
+	start   *startOp // a start in flight, or nil
+	paused  bool     // sb is frozen
+	deleted bool     // the session is gone: drop whatever a start brings
+	active  int      // leases out: executions using sb
+	files   int      // file calls using the workspace
+	// claiming: a warm-pool claim is moving the workspace; file calls
+	// wait for it.
+	claiming bool
+	touched  time.Time // last activity written to the store
 	// snap is the session's last snapshot, whose hashes the next one
 	// reuses for files that have not changed.
 	snap *snapshot.Manifest
@@ -183,11 +191,18 @@ func New(opt Options) *Manager {
 	}
 	opt.Defaults = opt.Defaults.withDefaults()
 	ctx, stop := context.WithCancel(context.Background())
-	return &Manager{
+	m := &Manager{
 		opt: opt, log: opt.Log, ctx: ctx, stop: stop, starts: make(chan struct{}, opt.MaxStarts),
 		trash:   filepath.Join(opt.WorkspaceDir, ".trash"),
 		entries: map[key]*entry{}, locks: map[key]*keyLock{}, runtimes: map[string]runtime.Runtime{},
+		pools: map[string]*pool{}, refill: make(chan struct{}, 1),
 	}
+	for name, size := range opt.Pools {
+		if size > 0 {
+			m.pools[name] = &pool{template: name, size: size}
+		}
+	}
+	return m
 }
 
 // OnDelete registers f to be called when a session is deleted or expires,
@@ -453,7 +468,12 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			s, err := m.decode(rec)
 			return s, true, err
 		}
-		s.SandboxState = api.SandboxStarting
+		// From a warm pool it is running already.
+		if rec, err = m.opt.Store.GetSession(ctx, tenant, req.SessionID); err != nil {
+			return nil, false, err
+		}
+		s, err := m.decode(rec)
+		return s, true, err
 	}
 	return s, true, nil
 }
@@ -522,6 +542,11 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 		// slipped in between the status read and the count.
 		e := m.entry(k)
 		e.mu.Lock()
+		for e.claiming { // a warm-pool claim is moving the workspace: a few ms
+			e.mu.Unlock()
+			time.Sleep(time.Millisecond)
+			e.mu.Lock()
+		}
 		e.files++
 		e.mu.Unlock()
 		f := &Files{e: e}
