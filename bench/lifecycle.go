@@ -5,7 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -190,4 +194,89 @@ func sandboxOf(ctx context.Context, rt runtime.Runtime, id string) string {
 		}
 	}
 	return ""
+}
+
+var live = flag.Int("live", 0, "sessions with live python sandboxes to grow to, measuring latency as they grow (0: skip; stops early below 1 GiB of available memory)")
+
+// benchLive grows the number of sessions with a live (running, idle)
+// python sandbox and measures, at each step, the round trip of a probe
+// session and the memory left: how many fit before latency degrades.
+func benchLive(ctx context.Context, rt *oci.Runtime, add func(row)) {
+	if *live <= 0 {
+		return
+	}
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-live"), func(string) (runtime.Runtime, error) { return rt, nil })
+	defer cp.stop()
+	c := cp.c
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "probe", TemplateID: "python"}); err != nil {
+		log.Fatal(err)
+	}
+	mustExec(ctx, c, "probe", "print(1)")
+	probe := func() samples {
+		return measurePaced(30, *pause, func() { mustExec(ctx, c, "probe", "print(1)") })
+	}
+	base := probe()
+	add(row{name: "(m) live python sandboxes: probe round trip with 1", p50: base.p(50), p99: base.p(99), vs: fmt.Sprintf("%.1f GiB available", memAvailableGiB())})
+	n, step := 0, max(*live/10, 1)
+	t0 := time.Now()
+	defer func() {
+		// Tear down in parallel; deleting 1,000 sandboxes one by one takes minutes.
+		sem := make(chan struct{}, 8)
+		for k := 1; k <= n; k++ {
+			sem <- struct{}{}
+			go func() { defer func() { <-sem }(); c.DeleteSession(ctx, fmt.Sprintf("live-%d", k)) }()
+		}
+		for range cap(sem) {
+			sem <- struct{}{}
+		}
+	}()
+	for n < *live {
+		if memAvailableGiB() < 1 {
+			add(row{name: fmt.Sprintf("    stopped at %d: under 1 GiB of memory available", n)})
+			return
+		}
+		var wg sync.WaitGroup
+		errs := make(chan error, step)
+		for range step {
+			n++
+			id := fmt.Sprintf("live-%d", n)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id, TemplateID: "python", IdleTimeout: 86400}); err != nil {
+					errs <- err
+					return
+				}
+				if res, err := c.Execute(ctx, id, api.ExecuteRequest{Code: "x = 1"}); err != nil || res.Status != api.ExecCompleted {
+					errs <- fmt.Errorf("%s: %v %v", id, err, res)
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		nerr := 0
+		for err := range errs {
+			if nerr == 0 {
+				fmt.Fprintln(os.Stderr, "bench: live:", err)
+			}
+			nerr++
+		}
+		p := probe()
+		add(row{name: fmt.Sprintf("    probe round trip with %d live sandboxes", n+1), p50: p.p(50), p99: p.p(99),
+			vs: fmt.Sprintf("%s; %.1f GiB available; %d errors; %v so far", ratio(p.p(50), base.p(50), "with 1"), memAvailableGiB(), nerr, time.Since(t0).Round(time.Second))})
+		if nerr > 0 {
+			return
+		}
+	}
+}
+
+func memAvailableGiB() float64 {
+	b, _ := os.ReadFile("/proc/meminfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "MemAvailable:") {
+			kb, _ := strconv.ParseFloat(strings.Fields(line)[1], 64)
+			return kb / (1 << 20)
+		}
+	}
+	return 0
 }

@@ -112,6 +112,7 @@ func main() {
 		benchRecords(ctx, add) // first: its memory measure wants a lean process
 		benchHTTP(ctx, rt, rtp, add)
 		benchLifecycle(ctx, rt, add)
+		benchLive(ctx, rt, add)
 	}
 
 	if !*skipDS {
