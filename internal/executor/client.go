@@ -93,6 +93,13 @@ func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Res
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// A request on a kept-alive connection whose other end is gone (the
+	// sandbox was killed, say) fails before any answer comes back. This
+	// header lets the transport send it again on a new connection in that
+	// case only (a reused connection, no answer at all), which it never
+	// does for a POST otherwise; the new connection then fails to dial,
+	// and the caller knows the request never reached an executor.
+	req.Header.Set("X-Idempotency-Key", method+" "+path)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("executor %s %s: %w", method, path, err)

@@ -22,14 +22,19 @@ import (
 // has nothing to freeze and is simply marked paused; the next call makes
 // it running again either way.
 func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error) {
-	k := key{tenant, id}
+	return m.withRecord(ctx, key{tenant, id}, m.pause)
+}
+
+// withRecord runs op on the session's record under the session's lock and
+// returns the session as op leaves it.
+func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context, *store.Session) (*store.Session, error)) (*Session, error) {
 	unlock := m.lock(k)
 	defer unlock()
 	rec, err := m.record(ctx, k)
 	if err != nil {
 		return nil, err
 	}
-	if rec, err = m.pause(ctx, rec); err != nil {
+	if rec, err = op(ctx, rec); err != nil {
 		return nil, err
 	}
 	return m.decode(rec)
@@ -149,17 +154,7 @@ func (m *Manager) record(ctx context.Context, k key) (*store.Session, error) {
 // Hibernate saves the session's workspace to the blob store and destroys
 // its sandbox; the next call restores it.
 func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*Session, error) {
-	k := key{tenant, id}
-	unlock := m.lock(k)
-	defer unlock()
-	rec, err := m.record(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	if rec, err = m.hibernate(ctx, rec); err != nil {
-		return nil, err
-	}
-	return m.decode(rec)
+	return m.withRecord(ctx, key{tenant, id}, m.hibernate)
 }
 
 // hibernate does Hibernate's work. The caller holds the session's lock.

@@ -2,6 +2,7 @@ package session
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -204,26 +205,32 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
 	}
 	e.claiming = true
 	e.mu.Unlock()
-	sb, ok := m.claim(e, s)
+	pd, ok := m.claim(e, s)
 	e.mu.Lock()
 	e.claiming = false
 	if ok {
-		e.sb, e.paused = sb, false
+		e.sb, e.paused = pd.sb, false
 	}
 	e.mu.Unlock()
 	if !ok {
 		return nil
 	}
+	// One write: the sandbox, the status and the template build it runs.
 	ctx := context.Background()
 	rec, err := m.opt.Store.GetSession(ctx, e.tenant, e.id)
 	if err == nil {
-		rec.SandboxID = sb.id
-		_, err = m.move(ctx, rec, api.StatusRunning, "")
+		var cur *Session
+		if cur, err = m.decode(rec); err == nil {
+			cur.Config.TemplateHash = pd.hash
+			rec.Config, _ = json.Marshal(cur.Config)
+			rec.SandboxID = pd.sb.id
+			_, err = m.move(ctx, rec, api.StatusRunning, "")
+		}
 	}
 	if err != nil {
 		m.log.Error("recording a sandbox from the warm pool", "session", e.id, "err", err)
 	}
-	return sb
+	return pd.sb
 }
 
 // sandboxes counts the sandboxes this server has or is starting.
@@ -278,12 +285,11 @@ func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error
 	maps.Copy(env, s.Config.Env)
 	res := tmpl.Spec.Resources
 	res.CPU, res.MemoryMB, res.DiskMB = s.Config.Resources.CPU, s.Config.Resources.Memory, s.Config.Resources.Disk
-	select {
-	case m.starts <- struct{}{}:
-		defer func() { <-m.starts }()
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
+	release, err := m.startSlot(ctx)
+	if err != nil {
+		return nil, err
 	}
+	defer release()
 	id := newID("sbx")
 	ctx, cancel := context.WithTimeout(ctx, m.opt.StartTimeout)
 	defer cancel()
@@ -297,6 +303,17 @@ func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error
 	}
 	m.opt.Events("create")
 	return &sandbox{id: id, rt: rt, client: dialer(rt, id)}, nil
+}
+
+// startSlot waits for one of the MaxStarts start slots; release gives it
+// back.
+func (m *Manager) startSlot(ctx context.Context) (release func(), err error) {
+	select {
+	case m.starts <- struct{}{}:
+		return func() { <-m.starts }, nil
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
 }
 
 // template finds the session's pinned template build, or builds (or
