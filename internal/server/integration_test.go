@@ -419,6 +419,14 @@ func TestPauseResumeTransparently(t *testing.T) {
 	if s, err := c.ResumeSession(ctx, "pz"); err != nil || s.Status != api.StatusRunning {
 		t.Errorf("resume: %+v %v", s, err)
 	}
+	// A file call thaws it too.
+	c.PauseSession(ctx, "pz")
+	if _, err := c.ListFiles(ctx, "pz", client.ListFilesOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := c.GetSession(ctx, "pz"); s.Status != api.StatusRunning || rs.sandboxState(t, "pz") != runtime.StateRunning {
+		t.Errorf("after a file call on a paused session: %s, runtime %s", s.Status, rs.sandboxState(t, "pz"))
+	}
 }
 
 func TestDeleteWhileRunning(t *testing.T) {

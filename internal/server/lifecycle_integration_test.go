@@ -183,6 +183,10 @@ func TestHibernateRestoreKeepsEveryByte(t *testing.T) {
 	ctx := context.Background()
 	newSession(t, c, api.CreateSessionRequest{SessionID: "hib", TemplateID: "python"})
 	execOK(t, c, "hib", api.ExecuteRequest{Language: "bash", Code: plantTree})
+	if _, err := c.Upload(ctx, "hib", client.UploadOptions{ConversationID: "c1", Subdir: "temparea"},
+		client.UploadFile{Name: "q.txt", Reader: strings.NewReader("for c1")}); err != nil {
+		t.Fatal(err)
+	}
 	before := fingerprint(t, c, "hib")
 	s, err := c.HibernateSession(ctx, "hib")
 	if err != nil || s.Status != api.StatusHibernated {
@@ -204,6 +208,15 @@ func TestHibernateRestoreKeepsEveryByte(t *testing.T) {
 	}
 	if after := fingerprint(t, c, "hib"); after != before {
 		t.Errorf("workspace changed across a second hibernation")
+	}
+	// The conversation's temp area came back as it was: its view works,
+	// and it is still read-only to code.
+	res := execOK(t, c, "hib", api.ExecuteRequest{ConversationID: "c1", Code: "return open('/workspace/uploads/temparea/q.txt').read()"})
+	if string(res.ReturnValue) != `"for c1"` {
+		t.Errorf("conversation upload after hibernation: %s", res.ReturnValue)
+	}
+	if res, _ := c.Execute(ctx, "hib", api.ExecuteRequest{ConversationID: "c1", Code: "open('/workspace/uploads/temparea/x','w')"}); res == nil || res.Status != api.ExecFailed {
+		t.Errorf("the temp area became writable across hibernation: %+v", res)
 	}
 }
 
@@ -485,6 +498,19 @@ func TestWarmPool(t *testing.T) {
 		if strings.Contains(res.Stdout, "left-by-p1") && sid == "p2" {
 			t.Errorf("p2 sees what p1 left in /tmp: %q", res.Stdout)
 		}
+	}
+	// A conversation's upload made before the first execution is there,
+	// behind its view, in a sandbox from the pool.
+	waitPool()
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "p3", TemplateID: "python"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Upload(ctx, "p3", client.UploadOptions{ConversationID: "c9", Subdir: "temparea"},
+		client.UploadFile{Name: "doc.txt", Reader: strings.NewReader("conversation file")}); err != nil {
+		t.Fatal(err)
+	}
+	if res := execOK(t, c, "p3", api.ExecuteRequest{ConversationID: "c9", Code: "return open('/workspace/uploads/temparea/doc.txt').read()"}); string(res.ReturnValue) != `"conversation file"` {
+		t.Errorf("conversation upload in a pooled sandbox: %s", res.ReturnValue)
 	}
 	// Uploads after the claim land where the sandbox sees them.
 	if _, err := c.Upload(ctx, "p2", client.UploadOptions{}, client.UploadFile{Name: "later.txt", Reader: strings.NewReader("later")}); err != nil {
