@@ -32,6 +32,7 @@ var schemaOf = map[reflect.Type]string{
 	reflect.TypeFor[api.DeleteSessionResponse](): "DeleteSessionResponse",
 	reflect.TypeFor[api.KeepaliveRequest]():      "KeepaliveRequest",
 	reflect.TypeFor[api.ExecuteRequest]():        "ExecuteRequest",
+	reflect.TypeFor[api.AgentExecuteRequest]():   "AgentExecuteRequest",
 	reflect.TypeFor[api.SubmitResponse]():        "SubmitResponse",
 	reflect.TypeFor[api.ExecError]():             "ExecError",
 	reflect.TypeFor[api.Execution]():             "Execution",

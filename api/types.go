@@ -197,6 +197,35 @@ type ExecuteRequest struct {
 	ContextID      string            `json:"context_id,omitempty"`
 }
 
+// AgentExecuteRequest is the body of POST /agents/{agent_id}/execute
+// (R-30): an execute request for the session of one user's agent,
+// sb-session-{user_id}-{agent_id}, which the server creates on first use.
+type AgentExecuteRequest struct {
+	UserID string `json:"user_id"`
+	// TemplateID is the template of the session if this call creates it
+	// (default python); it does not change an existing session.
+	TemplateID     string            `json:"template_id,omitempty"`
+	Code           string            `json:"code"`
+	Language       string            `json:"language,omitempty"`
+	Timeout        float64           `json:"timeout,omitempty"`
+	Event          json.RawMessage   `json:"event,omitempty"`
+	EnvVars        map[string]string `json:"env_vars,omitempty"`
+	ConversationID string            `json:"conversation_id,omitempty"`
+	ContextID      string            `json:"context_id,omitempty"`
+}
+
+// Execute is the request's execute part.
+func (r *AgentExecuteRequest) Execute() ExecuteRequest {
+	return ExecuteRequest{
+		Code: r.Code, Language: r.Language, Timeout: r.Timeout, Event: r.Event, EnvVars: r.EnvVars,
+		ConversationID: r.ConversationID, ContextID: r.ContextID,
+	}
+}
+
+// AgentSessionID is the session of a user's agent (R-31):
+// sb-session-{user_id}-{agent_id}.
+func AgentSessionID(userID, agentID string) string { return "sb-session-" + userID + "-" + agentID }
+
 // SubmitResponse is the answer to an asynchronous submit.
 type SubmitResponse struct {
 	ExecutionID string `json:"execution_id"`

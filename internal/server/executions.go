@@ -33,7 +33,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), r.PathValue("session_id"), req)
+	s.submit(w, r, r.PathValue("session_id"), req, wait)
+}
+
+// submit runs an execute request in a session and answers as execute
+// does.
+func (s *Server) submit(w http.ResponseWriter, r *http.Request, sessionID string, req api.ExecuteRequest, wait bool) {
+	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), sessionID, req)
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -582,3 +582,37 @@ mkfifo fifo`})
 		t.Errorf("the victim's file after the link's deletion: %s", res.ReturnValue)
 	}
 }
+
+// An agent platform's calls (R-30, R-31): ensure the user's session, then
+// execute through the agent endpoint; users of one agent are kept apart.
+func TestAgentWorkflow(t *testing.T) {
+	rs := startReal(t, t.TempDir())
+	c := client.New(rs.URL)
+	ctx := context.Background()
+	testenv.New(t).Rootfs(t, "python")
+	id, err := c.EnsureSession(ctx, "alice", "analyst", nil)
+	if err != nil || id != "sb-session-alice-analyst" {
+		t.Fatalf("ensure: %q %v", id, err)
+	}
+	if _, err := c.Upload(ctx, id, client.UploadOptions{ConversationID: "c1"}, client.UploadFile{Name: "q.txt", Reader: strings.NewReader("alice's question")}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.AgentExecute(ctx, "analyst", api.AgentExecuteRequest{UserID: "alice", ConversationID: "c1",
+		Code: "open('/workspace/mine.txt','w').write('alice')\nreturn open('/workspace/uploads/temparea/q.txt').read()"})
+	if err != nil || res.Status != api.ExecCompleted || string(res.ReturnValue) != `"alice's question"` || res.SessionID != id {
+		t.Fatalf("agent execute: %+v %v", res, err)
+	}
+	// Bob's first call makes his own session, which has none of Alice's files.
+	res, err = c.AgentExecute(ctx, "analyst", api.AgentExecuteRequest{UserID: "bob", Code: "import os\nreturn sorted(os.listdir('/workspace'))"})
+	if err != nil || res.Status != api.ExecCompleted || string(res.ReturnValue) != `["uploads"]` || res.SessionID != "sb-session-bob-analyst" {
+		t.Errorf("bob's first call: %+v %v", res, err)
+	}
+	// Ensuring again reuses Alice's session, files and all.
+	if again, err := c.EnsureSession(ctx, "alice", "analyst", nil); err != nil || again != id {
+		t.Errorf("ensure again: %q %v", again, err)
+	}
+	res = execOK(t, c, id, api.ExecuteRequest{Code: "return open('/workspace/mine.txt').read()"})
+	if string(res.ReturnValue) != `"alice"` {
+		t.Errorf("alice's file: %s", res.ReturnValue)
+	}
+}

@@ -700,3 +700,100 @@ func TestUploadStreamsFieldsFirst(t *testing.T) {
 		t.Errorf("not multipart: %d %s", resp.StatusCode, b)
 	}
 }
+
+// multipart builds an upload body of one file after the given fields.
+func multipartBody(t *testing.T, name, content string, fields ...string) (string, *bytes.Buffer) {
+	t.Helper()
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	for i := 0; i+1 < len(fields); i += 2 {
+		mw.WriteField(fields[i], fields[i+1])
+	}
+	fw, _ := mw.CreateFormFile("file", name)
+	fw.Write([]byte(content))
+	mw.Close()
+	return mw.FormDataContentType(), &buf
+}
+
+// Agent endpoints (R-30): the session of a user's agent is made on first
+// use, once, and found after; ids that could smuggle paths are refused.
+func TestAgentEndpoints(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	// Concurrent first uploads make one session.
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ct, body := multipartBody(t, fmt.Sprintf("f%d.txt", i), "data")
+			if resp, b := ts.do(t, "POST", "/api/v1/agents/a1/files/upload?user_id=u1", ct, body); resp.StatusCode != 201 {
+				t.Errorf("agent upload: %d %s", resp.StatusCode, b)
+			}
+		}()
+	}
+	wg.Wait()
+	s, err := c.GetSession(ctx, "sb-session-u1-a1")
+	if err != nil || s.Metadata["user_id"] != "u1" || s.Metadata["agent_id"] != "a1" {
+		t.Fatalf("the agent's session: %+v %v", s, err)
+	}
+	list, _ := c.ListSessions(ctx, client.ListSessionsOptions{UserID: "u1", AgentID: "a1"})
+	if list == nil || len(list.Sessions) != 1 {
+		t.Errorf("sessions of u1/a1: %+v", list)
+	}
+	resp, b := ts.do(t, "GET", "/api/v1/agents/a1/files?user_id=u1", "", nil)
+	var fl api.FileList
+	json.Unmarshal(b, &fl)
+	if resp.StatusCode != 200 || len(fl.Files) != 9 { // 8 files and uploads/
+		t.Errorf("agent list: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := ts.do(t, "GET", "/api/v1/agents/a1/files/f3.txt?user_id=u1", "", nil); resp.StatusCode != 200 || string(b) != "data" {
+		t.Errorf("agent download: %d %q", resp.StatusCode, b)
+	}
+	// A conversation's upload is read back through its conversation.
+	ct, body := multipartBody(t, "doc.txt", "for c1", "conversation_id", "c1")
+	if resp, b := ts.do(t, "POST", "/api/v1/agents/a1/files/upload?user_id=u1", ct, body); resp.StatusCode != 201 {
+		t.Fatalf("conversation upload: %d %s", resp.StatusCode, b)
+	}
+	if resp, b := ts.do(t, "GET", "/api/v1/agents/a1/files/doc.txt?user_id=u1&conversation_id=c1", "", nil); resp.StatusCode != 200 || string(b) != "for c1" {
+		t.Errorf("conversation download: %d %q", resp.StatusCode, b)
+	}
+	if resp, _ := ts.do(t, "GET", "/api/v1/agents/a1/files/doc.txt?user_id=u1&conversation_id=c2", "", nil); resp.StatusCode != 404 {
+		t.Errorf("another conversation's file: %d, want 404", resp.StatusCode)
+	}
+	// No session, no files: reads create nothing.
+	if resp, _ := ts.do(t, "GET", "/api/v1/agents/a1/files?user_id=u2", "", nil); resp.StatusCode != 404 {
+		t.Errorf("files of a user without a session: %d, want 404", resp.StatusCode)
+	}
+	if _, err := c.GetSession(ctx, "sb-session-u2-a1"); !client.IsNotFound(err) {
+		t.Errorf("a read made a session: %v", err)
+	}
+	// Execute makes the session too; without a runtime the run is 503.
+	resp, b = ts.do(t, "POST", "/api/v1/agents/a2/execute?wait=true", "application/json", strings.NewReader(`{"user_id":"u1","code":"1"}`))
+	if resp.StatusCode != 503 {
+		t.Errorf("agent execute without a runtime: %d %s", resp.StatusCode, b)
+	}
+	if _, err := c.GetSession(ctx, "sb-session-u1-a2"); err != nil {
+		t.Errorf("agent execute made no session: %v", err)
+	}
+	for _, tc := range []struct{ path, body string }{
+		{"/api/v1/agents/a1/execute", `{"code":"1"}`},
+		{"/api/v1/agents/a1/execute", `{"user_id":"../x","code":"1"}`},
+		{"/api/v1/agents/a1/execute", `{"user_id":"u/1","code":"1"}`},
+		{"/api/v1/agents/a..b/execute", `{"user_id":"u1","code":"1"}`},
+		{"/api/v1/agents/.a/execute", `{"user_id":"u1","code":"1"}`},
+		{"/api/v1/agents/a1/execute", `{"user_id":"u1","code":"1","nope":1}`},
+	} {
+		resp, b := ts.do(t, "POST", tc.path, "application/json", strings.NewReader(tc.body))
+		if resp.StatusCode != 400 || errorCode(t, b) != "invalid_argument" {
+			t.Errorf("%s %s: %d %s, want 400", tc.path, tc.body, resp.StatusCode, b)
+		}
+	}
+	for _, q := range []string{"", "?user_id=", "?user_id=a..b", "?user_id=" + strings.Repeat("u", 57)} {
+		ct, body := multipartBody(t, "f", "x")
+		if resp, _ := ts.do(t, "POST", "/api/v1/agents/a1/files/upload"+q, ct, body); resp.StatusCode != 400 {
+			t.Errorf("upload with user %q: %d, want 400", q, resp.StatusCode)
+		}
+	}
+}

@@ -1,0 +1,119 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+)
+
+// Errors of EnsureSession, for errors.Is: the create call failed, or
+// the session did not become running in time.
+var (
+	ErrCreateFailed = errors.New("sbx: session create failed")
+	ErrNotReady     = errors.New("sbx: session not ready in time")
+)
+
+// EnsureOptions tune EnsureSession. The zero value is the defaults.
+type EnsureOptions struct {
+	// Tries and Interval bound the wait for the session to be running
+	// (default 30 tries, 500 ms apart).
+	Tries    int
+	Interval time.Duration
+	// Create is the request used when the session must be created; its
+	// SessionID is set by EnsureSession, and user_id and agent_id are
+	// added to its metadata.
+	Create api.CreateSessionRequest
+}
+
+// EnsureSession returns the id of the session of a user's agent,
+// sb-session-{user_id}-{agent_id}, ready for calls: it gets the
+// session and reuses it if it is running, paused or hibernated (a call
+// resumes those); creates it if there is none or it was terminated;
+// recreates it if it is in error; and polls while it is pending. A failed
+// create is ErrCreateFailed, a session still not running after the polls
+// ErrNotReady; both wrap the cause.
+func (c *Client) EnsureSession(ctx context.Context, userID, agentID string, opt *EnsureOptions) (string, error) {
+	var o EnsureOptions
+	if opt != nil {
+		o = *opt
+	}
+	if o.Tries <= 0 {
+		o.Tries = 30
+	}
+	if o.Interval <= 0 {
+		o.Interval = 500 * time.Millisecond
+	}
+	if userID == "" || agentID == "" {
+		return "", fmt.Errorf("sbx: user id and agent id are required: %w", ErrCreateFailed)
+	}
+	id := api.AgentSessionID(userID, agentID)
+	create := func() (*api.Session, error) {
+		req := o.Create
+		req.SessionID = id
+		meta := map[string]string{}
+		for k, v := range req.Metadata {
+			meta[k] = v
+		}
+		meta["user_id"], meta["agent_id"] = userID, agentID
+		req.Metadata = meta
+		s, _, err := c.CreateSession(ctx, req)
+		if err != nil {
+			return nil, fmt.Errorf("%w: session %s: %w", ErrCreateFailed, id, err)
+		}
+		return s, nil
+	}
+	s, err := c.GetSession(ctx, id)
+	switch {
+	case IsNotFound(err):
+		if s, err = create(); err != nil {
+			return "", err
+		}
+	case err != nil:
+		return "", err
+	case s.Status == api.StatusTerminated || s.Status == api.StatusError:
+		// Create makes a terminated id anew and recovers one in error.
+		if s, err = create(); err != nil {
+			return "", err
+		}
+	}
+	for try := 1; ; try++ {
+		switch s.Status {
+		case api.StatusRunning, api.StatusPaused, api.StatusHibernated:
+			return id, nil
+		case api.StatusError, api.StatusTerminated:
+			return "", fmt.Errorf("%w: session %s is %s: %s", ErrCreateFailed, id, s.Status, s.Error)
+		}
+		if try >= o.Tries {
+			return "", fmt.Errorf("%w: session %s still %s after %d tries %v apart", ErrNotReady, id, s.Status, o.Tries, o.Interval)
+		}
+		t := time.NewTimer(o.Interval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("%w: %w", ErrNotReady, ctx.Err())
+		case <-t.C:
+		}
+		if s, err = c.GetSession(ctx, id); err != nil {
+			return "", err
+		}
+	}
+}
+
+// AgentExecute runs code in the session of a user's agent, which the
+// server creates on first use, and waits for the result.
+func (c *Client) AgentExecute(ctx context.Context, agentID string, req api.AgentExecuteRequest) (*api.Execution, error) {
+	seg, err := segment("agent id", agentID)
+	if err != nil {
+		return nil, err
+	}
+	var out api.Execution
+	if _, err := c.call(ctx, http.MethodPost, api.Prefix+"/agents/"+seg+"/execute", url.Values{"wait": {"true"}}, req, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
