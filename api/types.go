@@ -226,6 +226,47 @@ func (r *AgentExecuteRequest) Execute() ExecuteRequest {
 // sb-session-{user_id}-{agent_id}.
 func AgentSessionID(userID, agentID string) string { return "sb-session-" + userID + "-" + agentID }
 
+// Tool is one tool definition in the OpenAI function-calling shape
+// (R-32): {"type":"function","function":{name, description, parameters}}.
+type Tool struct {
+	Type     string       `json:"type"`
+	Function ToolFunction `json:"function"`
+}
+
+// ToolFunction names a tool, says what it does, and gives the JSON Schema
+// of its arguments.
+type ToolFunction struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	Parameters  json.RawMessage `json:"parameters"`
+}
+
+// ToolList is GET /tools.
+type ToolList struct {
+	Tools []Tool `json:"tools"`
+}
+
+// ToolInvokeRequest is the body of POST /tools/{name}/invoke: the
+// arguments a model gave, and whose session runs them.
+type ToolInvokeRequest struct {
+	UserID  string `json:"user_id"`
+	AgentID string `json:"agent_id"`
+	// ConversationID, if set, is the conversation the call is for: code
+	// runs with its temp area in view.
+	ConversationID string          `json:"conversation_id,omitempty"`
+	Arguments      json.RawMessage `json:"arguments"`
+}
+
+// ToolResult is what a tool call gives back to the model: Content is the
+// text to show it, IsError says the call failed (the model may try
+// again); Data is the structured result (an Execution, a FileList...).
+type ToolResult struct {
+	Content   string          `json:"content"`
+	IsError   bool            `json:"is_error"`
+	SessionID string          `json:"session_id"`
+	Data      json.RawMessage `json:"data,omitempty"`
+}
+
 // SubmitResponse is the answer to an asynchronous submit.
 type SubmitResponse struct {
 	ExecutionID string `json:"execution_id"`

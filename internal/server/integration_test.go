@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"image/png"
+	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
@@ -614,5 +615,29 @@ func TestAgentWorkflow(t *testing.T) {
 	res = execOK(t, c, id, api.ExecuteRequest{Code: "return open('/workspace/mine.txt').read()"})
 	if string(res.ReturnValue) != `"alice"` {
 		t.Errorf("alice's file: %s", res.ReturnValue)
+	}
+	// The code tools (R-32), as a model would call them.
+	invoke := func(name, args string) api.ToolResult {
+		t.Helper()
+		body := `{"user_id":"alice","agent_id":"analyst","conversation_id":"c1","arguments":` + args + `}`
+		resp, err := http.Post(rs.URL+"/api/v1/tools/"+name+"/invoke", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out api.ToolResult
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %v", name, resp.StatusCode, err)
+		}
+		return out
+	}
+	if r := invoke("execute_code", `{"code":"print('hi')\nreturn len(open('/workspace/uploads/temparea/q.txt').read())"}`); r.IsError || r.Content != "stdout:\nhi\nresult: 16\n" || r.SessionID != id {
+		t.Errorf("execute_code: %+v", r)
+	}
+	if r := invoke("execute_code", `{"code":"1/0"}`); !r.IsError || !strings.Contains(r.Content, "ZeroDivisionError") {
+		t.Errorf("execute_code raising: %+v", r)
+	}
+	if r := invoke("run_bash", `{"command":"cat mine.txt; echo; exit 3"}`); !r.IsError || r.Content != "stdout:\nalice\nexit code: 3\n" {
+		t.Errorf("run_bash: %q", r.Content)
 	}
 }

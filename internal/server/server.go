@@ -94,6 +94,8 @@ func (s *Server) routes() {
 	s.handle("POST "+p+"/agents/{agent_id}/files/upload", s.agentUpload)
 	s.handle("GET "+p+"/agents/{agent_id}/files", s.agentListFiles)
 	s.handle("GET "+p+"/agents/{agent_id}/files/{path...}", s.agentDownload)
+	s.handle("GET "+p+"/tools", s.listTools)
+	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.mux.HandleFunc("GET "+p+"/presigned/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)

@@ -797,3 +797,106 @@ func TestAgentEndpoints(t *testing.T) {
 		}
 	}
 }
+
+// Tools (R-32): the definitions, and the file tools end to end (the code
+// tools need a sandbox: TestAgentWorkflow).
+func TestTools(t *testing.T) {
+	ts := start(t)
+	resp, b := ts.do(t, "GET", "/api/v1/tools", "", nil)
+	var list api.ToolList
+	if err := json.Unmarshal(b, &list); resp.StatusCode != 200 || err != nil {
+		t.Fatalf("tools: %d %s", resp.StatusCode, b)
+	}
+	var names []string
+	for _, tool := range list.Tools {
+		names = append(names, tool.Function.Name)
+		var schema struct {
+			Type       string                     `json:"type"`
+			Properties map[string]json.RawMessage `json:"properties"`
+		}
+		if tool.Type != "function" || json.Unmarshal(tool.Function.Parameters, &schema) != nil || schema.Type != "object" || len(schema.Properties) == 0 || tool.Function.Description == "" {
+			t.Errorf("tool %+v is not a function with an object schema", tool)
+		}
+	}
+	if want := "execute_code run_bash upload_file list_files read_file"; strings.Join(names, " ") != want {
+		t.Errorf("tools %v, want %s", names, want)
+	}
+	invoke := func(name, args string) (int, api.ToolResult) {
+		t.Helper()
+		resp, b := ts.do(t, "POST", "/api/v1/tools/"+name+"/invoke", "application/json",
+			strings.NewReader(`{"user_id":"u1","agent_id":"a1","arguments":`+args+`}`))
+		var res api.ToolResult
+		json.Unmarshal(b, &res)
+		return resp.StatusCode, res
+	}
+	// 3-byte characters across the part boundaries.
+	text := strings.Repeat("ab€", 5000)
+	args, _ := json.Marshal(map[string]string{"path": "notes/long.txt", "content": text})
+	if code, res := invoke("upload_file", string(args)); code != 200 || res.IsError || res.SessionID != "sb-session-u1-a1" {
+		t.Fatalf("upload_file: %d %+v", code, res)
+	}
+	var got strings.Builder
+	offset, parts := 0, 0
+	for {
+		code, res := invoke("read_file", fmt.Sprintf(`{"path":"notes/long.txt","offset":%d,"length":1001}`, offset))
+		var part struct {
+			Content    string `json:"content"`
+			Encoding   string `json:"encoding"`
+			NextOffset int    `json:"next_offset"`
+			EOF        bool   `json:"eof"`
+		}
+		if code != 200 || res.IsError || json.Unmarshal(res.Data, &part) != nil || part.Encoding != "utf-8" {
+			t.Fatalf("read_file at %d: %d %+v", offset, code, res)
+		}
+		got.WriteString(part.Content)
+		offset, parts = part.NextOffset, parts+1
+		if part.EOF {
+			break
+		}
+		if parts > 100 {
+			t.Fatal("read_file never reached the end")
+		}
+	}
+	if got.String() != text || parts < 25 || parts > 26 {
+		t.Errorf("read in %d parts: %d bytes, equal %v", parts, got.Len(), got.String() == text)
+	}
+	// Binary content goes both ways as base64.
+	if code, res := invoke("upload_file", `{"path":"bin.dat","content":"AAEC/w==","encoding":"base64"}`); code != 200 || res.IsError {
+		t.Errorf("binary upload: %d %+v", code, res)
+	}
+	if code, res := invoke("read_file", `{"path":"bin.dat"}`); code != 200 || !strings.Contains(string(res.Data), `"encoding":"base64","content":"AAEC/w=="`) {
+		t.Errorf("binary read: %d %s", code, res.Data)
+	}
+	if code, res := invoke("list_files", `{"path":"notes"}`); code != 200 || !strings.Contains(res.Content, "notes/long.txt (25000 bytes)") {
+		t.Errorf("list_files: %d %+v", code, res)
+	}
+	// What the model can fix comes back to it as an error result.
+	for _, tc := range []struct{ name, args string }{
+		{"read_file", `{"path":"missing.txt"}`},
+		{"read_file", `{"path":"../../etc/passwd"}`},
+		{"upload_file", `{"path":"uploads/x","content":"x"}`},
+		{"list_files", `{"path":"nowhere"}`},
+	} {
+		if code, res := invoke(tc.name, tc.args); code != 200 || !res.IsError || res.Content == "" {
+			t.Errorf("%s %s: %d %+v, want an error result", tc.name, tc.args, code, res)
+		}
+	}
+	// A request that is wrong is refused.
+	for _, tc := range []struct {
+		name, args string
+		code       int
+	}{
+		{"nope", `{}`, 404},
+		{"read_file", `{"path":"x","bogus":1}`, 400},
+		{"read_file", `{"path":"x","length":2000000}`, 400},
+		{"run_bash", `{"code":"ls"}`, 400},
+		{"upload_file", `{"path":"x","content":"!","encoding":"base64"}`, 400},
+	} {
+		if code, _ := invoke(tc.name, tc.args); code != tc.code {
+			t.Errorf("%s %s: %d, want %d", tc.name, tc.args, code, tc.code)
+		}
+	}
+	if resp, _ := ts.do(t, "POST", "/api/v1/tools/read_file/invoke", "application/json", strings.NewReader(`{"agent_id":"a1","arguments":{}}`)); resp.StatusCode != 400 {
+		t.Errorf("invoke without a user: %d, want 400", resp.StatusCode)
+	}
+}

@@ -1,0 +1,374 @@
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// Tools for LLM function calling (R-32). GET /tools lists them as JSON
+// Schema in the OpenAI function-calling shape; POST /tools/{name}/invoke
+// runs one with the arguments a model gave, in the session of the user's
+// agent (made on first use, as the agent endpoints do), and answers with
+// text for the model and the structured result. A tool that ran and
+// failed (an exception, a missing file) is a 200 with is_error, which the
+// model should see; a request that is wrong (no user, unknown tool,
+// arguments that break the schema) is a 4xx.
+
+// toolReadMax bounds one read_file call: a model reads a large file a
+// part at a time.
+const (
+	toolReadDefault = 64 << 10
+	toolReadMax     = 1 << 20
+	toolWriteMax    = 8 << 20
+)
+
+var tools = []api.Tool{
+	tool("execute_code", "Run Python code in the user's sandbox. Files in /workspace persist between calls; "+
+		"the value of a top-level `return` comes back as the result. Returns stdout, stderr, the result or the error.", `{
+		"type": "object", "additionalProperties": false, "required": ["code"],
+		"properties": {
+			"code": {"type": "string", "description": "Python source. A top-level return gives the result."},
+			"timeout": {"type": "number", "minimum": 0, "maximum": 86400, "description": "Seconds before the run is killed (default 30)."}
+		}}`),
+	tool("run_bash", "Run a bash command in the user's sandbox (working directory /workspace). Returns stdout, stderr and the exit code.", `{
+		"type": "object", "additionalProperties": false, "required": ["command"],
+		"properties": {
+			"command": {"type": "string", "description": "The command line."},
+			"timeout": {"type": "number", "minimum": 0, "maximum": 86400, "description": "Seconds before it is killed (default 30)."}
+		}}`),
+	tool("upload_file", "Write a file into the user's workspace (/workspace/PATH), replacing any file there.", `{
+		"type": "object", "additionalProperties": false, "required": ["path", "content"],
+		"properties": {
+			"path": {"type": "string", "description": "Workspace-relative path, e.g. data/input.csv."},
+			"content": {"type": "string", "description": "The file's content: text, or base64 with encoding base64."},
+			"encoding": {"type": "string", "enum": ["utf-8", "base64"], "description": "How content is encoded (default utf-8)."}
+		}}`),
+	tool("list_files", "List the files of the user's workspace, or of a directory in it.", `{
+		"type": "object", "additionalProperties": false,
+		"properties": {
+			"path": {"type": "string", "description": "Workspace-relative directory (default the top)."},
+			"recursive": {"type": "boolean", "description": "List the whole tree (default false)."}
+		}}`),
+	tool("read_file", "Read part of a file of the user's workspace: length bytes from offset. "+
+		"Read a large file a part at a time; next_offset says where the next part starts, and eof when there is none.", `{
+		"type": "object", "additionalProperties": false, "required": ["path"],
+		"properties": {
+			"path": {"type": "string", "description": "Workspace-relative path."},
+			"offset": {"type": "integer", "minimum": 0, "description": "Byte offset to start at (default 0)."},
+			"length": {"type": "integer", "minimum": 1, "maximum": 1048576, "description": "Bytes to read (default 65536)."}
+		}}`),
+}
+
+func tool(name, desc, schema string) api.Tool {
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, []byte(schema)); err != nil {
+		panic("tool " + name + ": " + err.Error())
+	}
+	return api.Tool{Type: "function", Function: api.ToolFunction{Name: name, Description: desc, Parameters: compact.Bytes()}}
+}
+
+// listTools: GET /tools (R-32).
+func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, api.ToolList{Tools: tools})
+}
+
+// invokeTool: POST /tools/{name}/invoke (R-32).
+func (s *Server) invokeTool(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	known := false
+	for _, t := range tools {
+		known = known || t.Function.Name == name
+	}
+	if !known {
+		s.writeError(w, r, fmt.Errorf("no tool %q (see GET /api/v1/tools): %w", name, errdefs.ErrNotFound))
+		return
+	}
+	var req api.ToolInvokeRequest
+	if err := decodeJSON(r, &req, maxExecuteBody, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	if req.ConversationID != "" && !session.ValidID(req.ConversationID) {
+		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", req.ConversationID, errdefs.ErrInvalidArgument))
+		return
+	}
+	if len(req.Arguments) == 0 || string(req.Arguments) == "null" {
+		req.Arguments = json.RawMessage("{}")
+	}
+	r.SetPathValue("agent_id", req.AgentID)
+	sid, err := s.ensureAgentSession(r, req.UserID, "")
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	var res *api.ToolResult
+	switch name {
+	case "execute_code", "run_bash":
+		res, err = s.toolRun(r, sid, name, req)
+	case "upload_file":
+		res, err = s.toolUpload(r, sid, req.Arguments)
+	case "list_files":
+		res, err = s.toolList(r, sid, req.Arguments)
+	case "read_file":
+		res, err = s.toolRead(r, sid, req.Arguments)
+	}
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	res.SessionID = sid
+	writeJSON(w, http.StatusOK, res)
+}
+
+// arguments decodes a tool's arguments strictly: a model that invents a
+// field should hear so.
+func arguments(raw json.RawMessage, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("arguments: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func toolError(err error) (*api.ToolResult, error) {
+	// What the model can act on comes back to it; the rest is the
+	// request's failure.
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return &api.ToolResult{Content: "error: " + err.Error(), IsError: true}, nil
+	}
+	return nil, err
+}
+
+func (s *Server) toolRun(r *http.Request, sid, name string, req api.ToolInvokeRequest) (*api.ToolResult, error) {
+	var args struct {
+		Code    string  `json:"code"`
+		Command string  `json:"command"`
+		Timeout float64 `json:"timeout"`
+	}
+	if err := arguments(req.Arguments, &args); err != nil {
+		return nil, err
+	}
+	x := api.ExecuteRequest{Code: args.Code, Timeout: args.Timeout, ConversationID: req.ConversationID, Language: "python"}
+	if name == "run_bash" {
+		if args.Code != "" {
+			return nil, fmt.Errorf("arguments: run_bash takes command, not code: %w", errdefs.ErrInvalidArgument)
+		}
+		x.Code, x.Language = args.Command, "bash"
+	} else if args.Command != "" {
+		return nil, fmt.Errorf("arguments: execute_code takes code, not command: %w", errdefs.ErrInvalidArgument)
+	}
+	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), sid, x)
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case <-run.Done():
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+	res := run.Result()
+	if unavailable(res) {
+		return nil, fmt.Errorf("%s (execution %s): %w", res.Error.Message, res.ExecutionID, errdefs.ErrUnavailable)
+	}
+	var b strings.Builder
+	if res.Stdout != "" {
+		fmt.Fprintf(&b, "stdout:\n%s\n", strings.TrimRight(res.Stdout, "\n"))
+	}
+	if res.Stderr != "" {
+		fmt.Fprintf(&b, "stderr:\n%s\n", strings.TrimRight(res.Stderr, "\n"))
+	}
+	if len(res.ReturnValue) > 0 && string(res.ReturnValue) != "null" {
+		fmt.Fprintf(&b, "result: %s\n", res.ReturnValue)
+	}
+	// A command's non-zero exit is its exit code, said below.
+	if res.Error != nil && !(name == "run_bash" && res.Error.Type == executor.ErrTypeNonZeroExit) {
+		fmt.Fprintf(&b, "error: %s: %s\n", res.Error.Type, res.Error.Message)
+		if res.Error.Traceback != "" {
+			b.WriteString(res.Error.Traceback + "\n")
+		}
+	}
+	if res.ExitCode != nil && name == "run_bash" {
+		fmt.Fprintf(&b, "exit code: %d\n", *res.ExitCode)
+	}
+	if len(res.Artifacts) > 0 {
+		fmt.Fprintf(&b, "files written: %s\n", strings.Join(res.Artifacts, ", "))
+	}
+	if b.Len() == 0 {
+		b.WriteString("(no output)\n")
+	}
+	data, _ := json.Marshal(res)
+	return &api.ToolResult{Content: b.String(), IsError: res.Status != api.ExecCompleted, Data: data}, nil
+}
+
+func (s *Server) toolUpload(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+	var args struct {
+		Path     string `json:"path"`
+		Content  string `json:"content"`
+		Encoding string `json:"encoding"`
+	}
+	if err := arguments(raw, &args); err != nil {
+		return nil, err
+	}
+	content := []byte(args.Content)
+	switch args.Encoding {
+	case "", "utf-8":
+	case "base64":
+		var err error
+		if content, err = base64.StdEncoding.DecodeString(args.Content); err != nil {
+			return nil, fmt.Errorf("arguments: content is not base64: %v: %w", err, errdefs.ErrInvalidArgument)
+		}
+	default:
+		return nil, fmt.Errorf("arguments: encoding %q: want utf-8 or base64: %w", args.Encoding, errdefs.ErrInvalidArgument)
+	}
+	rel, err := workspace.CleanPath(args.Path)
+	if err != nil || rel == "." {
+		return toolError(fmt.Errorf("path %q is not a file path in the workspace: %w", args.Path, errdefs.ErrInvalidArgument))
+	}
+	if strings.HasPrefix(rel+"/", "uploads/") {
+		return toolError(fmt.Errorf("path %q: uploads/ holds the user's uploads and is read-only: %w", args.Path, errdefs.ErrInvalidArgument))
+	}
+	sess, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	limit := min(sess.Config.MaxUploadBytes(), toolWriteMax)
+	saved, err := ws.Save(r.Context(), rel, bytes.NewReader(content), limit, s.opt.Sessions.Owners().User, 0o644)
+	if err != nil {
+		return toolError(err)
+	}
+	data, _ := json.Marshal(saved)
+	return &api.ToolResult{Content: fmt.Sprintf("wrote %d bytes to /workspace/%s", saved.Size, saved.Path), Data: data}, nil
+}
+
+func (s *Server) toolList(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+	var args struct {
+		Path      string `json:"path"`
+		Recursive bool   `json:"recursive"`
+	}
+	if err := arguments(raw, &args); err != nil {
+		return nil, err
+	}
+	rel, err := workspace.CleanPath(args.Path)
+	if err != nil {
+		return toolError(err)
+	}
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	entries, truncated, err := ws.List(rel, args.Recursive, maxListEntries)
+	if err != nil {
+		return toolError(err)
+	}
+	out := api.FileList{Files: make([]api.FileEntry, 0, len(entries)), Truncated: truncated}
+	var b strings.Builder
+	for _, e := range entries {
+		out.Files = append(out.Files, api.FileEntry{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, ModifiedAt: e.ModTime.UTC()})
+		if e.Type == "dir" {
+			fmt.Fprintf(&b, "%s/\n", e.Path)
+		} else {
+			fmt.Fprintf(&b, "%s (%d bytes)\n", e.Path, e.Size)
+		}
+	}
+	if len(entries) == 0 {
+		b.WriteString("(empty)\n")
+	}
+	if truncated {
+		fmt.Fprintf(&b, "(only the first %d entries)\n", maxListEntries)
+	}
+	data, _ := json.Marshal(out)
+	return &api.ToolResult{Content: b.String(), Data: data}, nil
+}
+
+// readResult is read_file's structured result.
+type readResult struct {
+	Path       string `json:"path"`
+	Size       int64  `json:"size"`
+	Offset     int64  `json:"offset"`
+	Length     int    `json:"length"`
+	NextOffset int64  `json:"next_offset"`
+	EOF        bool   `json:"eof"`
+	Encoding   string `json:"encoding"`
+	Content    string `json:"content"`
+}
+
+func (s *Server) toolRead(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+	var args struct {
+		Path   string `json:"path"`
+		Offset int64  `json:"offset"`
+		Length int    `json:"length"`
+	}
+	if err := arguments(raw, &args); err != nil {
+		return nil, err
+	}
+	if args.Length == 0 {
+		args.Length = toolReadDefault
+	}
+	if args.Offset < 0 || args.Length < 1 || args.Length > toolReadMax {
+		return nil, fmt.Errorf("arguments: offset must be >= 0 and length 1..%d: %w", toolReadMax, errdefs.ErrInvalidArgument)
+	}
+	rel, err := workspace.CleanPath(args.Path)
+	if err != nil {
+		return toolError(err)
+	}
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
+	if err != nil {
+		return nil, err
+	}
+	defer ws.Close()
+	f, fi, err := ws.Open(rel)
+	if err != nil {
+		return toolError(err)
+	}
+	defer f.Close()
+	buf := make([]byte, args.Length)
+	n, err := f.ReadAt(buf, args.Offset)
+	if err != nil && err != io.EOF {
+		return nil, err
+	}
+	buf = buf[:n]
+	next := args.Offset + int64(n)
+	// A part cut in the middle of a UTF-8 character is still text: the
+	// cut character's bytes go to the next part.
+	if next < fi.Size() {
+		for k := 0; k < 3 && len(buf) > 0 && !utf8.Valid(buf); k++ {
+			buf = buf[:len(buf)-1]
+			next--
+		}
+	}
+	out := readResult{Path: rel, Size: fi.Size(), Offset: args.Offset, Length: len(buf), NextOffset: next, EOF: next >= fi.Size(), Encoding: "utf-8"}
+	if utf8.Valid(buf) {
+		out.Content = string(buf)
+	} else {
+		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(buf)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: bytes %d-%d of %d", rel, args.Offset, next, fi.Size())
+	if out.EOF {
+		b.WriteString(" (end of file)")
+	} else {
+		fmt.Fprintf(&b, " (more: read again with offset %d)", next)
+	}
+	if out.Encoding == "base64" {
+		b.WriteString(", binary, base64")
+	}
+	b.WriteString(":\n" + out.Content)
+	data, _ := json.Marshal(out)
+	return &api.ToolResult{Content: b.String(), Data: data}, nil
+}
