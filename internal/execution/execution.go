@@ -296,12 +296,10 @@ func (s *Service) run(ctx context.Context, r *Run) {
 	}
 }
 
-// notSent reports whether a run's error means the request never reached
-// the executor: the dial failed.
-func notSent(err error) bool {
-	var api *executor.APIError
-	return !errors.As(err, &api) && (errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrNotFound))
-}
+// notSent reports whether a run's error means the executor never took
+// the run: no connection, or one that broke before any answer (a sandbox
+// killed while the request was on its way).
+func notSent(err error) bool { return errors.Is(err, executor.ErrNoAnswer) }
 
 // failure describes why an execution ended without a result: cancelled
 // (by a user or a session's deletion) or the sandbox was not there.

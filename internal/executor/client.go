@@ -45,6 +45,12 @@ func (c *Client) Close() error {
 	return nil
 }
 
+// ErrNoAnswer marks a request the executor never answered: the
+// connection could not be made, or broke before the response began. The
+// executor answers /run as soon as it has started the run, so a run that
+// failed this way had not started, or died with its sandbox at once.
+var ErrNoAnswer = errors.New("no answer from the executor")
+
 // APIError is an error response of the executor. It unwraps to the
 // errdefs category of its code, so callers test it with errors.Is.
 type APIError struct {
@@ -102,7 +108,7 @@ func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Res
 	req.Header.Set("X-Idempotency-Key", method+" "+path)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("executor %s %s: %w", method, path, err)
+		return nil, fmt.Errorf("executor %s %s: %w: %w", method, path, ErrNoAnswer, err)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
