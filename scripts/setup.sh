@@ -15,6 +15,12 @@ fi
 # Debian packages: the OCI runtime, the template builder's tools, and
 # bubblewrap for the benchmark's baseline.
 pkgs=(runc debootstrap bubblewrap ca-certificates make)
+# Node.js and npm run the tests that drive sbx with real third-party
+# clients (the MCP TypeScript SDK, the E2B SDKs); a machine that already
+# has a node of its own keeps it.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+	pkgs+=(nodejs npm)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
