@@ -49,6 +49,11 @@ var schemaOf = map[reflect.Type]string{
 	reflect.TypeFor[api.FileList]():              "FileList",
 	reflect.TypeFor[api.PresignResponse]():       "PresignResponse",
 	reflect.TypeFor[api.Health]():                "Health",
+	reflect.TypeFor[api.NamedResource]():         "NamedResource",
+	reflect.TypeFor[api.ResourceManifest]():      "ResourceManifest",
+	reflect.TypeFor[api.ResourceSync]():          "ResourceSync",
+	reflect.TypeFor[api.ResourceList]():          "ResourceList",
+	reflect.TypeFor[api.ContentUpload]():         "ContentUpload",
 }
 
 func loadDoc(t *testing.T) *openapi3.T {

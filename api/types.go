@@ -377,3 +377,47 @@ type Health struct {
 	// Checks maps each dependency /readyz looks at to "ok" or what is wrong.
 	Checks map[string]string `json:"checks,omitempty"`
 }
+
+// NamedResource is one entry of a resource manifest (R-34): a path below
+// the session's resource directory, and the SHA-256 (lower-case hex) and
+// size of its content. (Not Resources, a session's CPU and memory.)
+type NamedResource struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// ResourceManifest is the body of PUT /sessions/{id}/resources: every
+// resource the session should have; what is not named is removed.
+type ResourceManifest struct {
+	Resources []NamedResource `json:"resources"`
+}
+
+// ResourceSync is the answer to PUT /sessions/{id}/resources. Needed lists
+// the resources whose content the server does not have: upload each with
+// PUT /resources/{sha256}, then send the manifest again. Complete is true
+// when everything in the manifest is in place.
+type ResourceSync struct {
+	// Path is where the sandbox sees the resources.
+	Path      string          `json:"path"`
+	Complete  bool            `json:"complete"`
+	Needed    []NamedResource `json:"needed"`
+	Added     []string        `json:"added"`
+	Changed   []string        `json:"changed"`
+	Removed   []string        `json:"removed"`
+	Unchanged int             `json:"unchanged"`
+}
+
+// ResourceList is the answer to GET /sessions/{id}/resources: the
+// resources in place.
+type ResourceList struct {
+	Path      string          `json:"path"`
+	Resources []NamedResource `json:"resources"`
+}
+
+// ContentUpload is the answer to PUT /resources/{sha256}: 201 if the
+// content is new, 200 if the server had it already.
+type ContentUpload struct {
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}

@@ -49,6 +49,9 @@ commands:
                        replace its workspace with a snapshot's
   snapshot rm ID SNAPSHOT
                        delete a snapshot
+  resources ID [DIR]   make the session's resources (read-only, at
+                       /workspace/.resources) exactly DIR's files, sending
+                       only what changed; without DIR, list them
 
 Exit status: 0 on success, 1 if the server refused (no such session, say),
 2 for a usage error, 3 if the server failed or could not be reached.
@@ -83,6 +86,8 @@ func runSession(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return sessionByID(ctx, "hibernate", args[1:], stdout, stderr, (*client.Client).HibernateSession)
 	case "snapshot", "snapshots":
 		return sessionSnapshot(ctx, args[1:], stdout, stderr)
+	case "resources":
+		return sessionResources(ctx, args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, sessionUsage)
 		return 0

@@ -11,9 +11,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
@@ -71,6 +73,37 @@ type App struct {
 	Sessions *session.Manager
 	Execs    *execution.Service
 	log      *slog.Logger
+	stop     chan struct{}
+	wg       sync.WaitGroup
+}
+
+// Resource content nothing links to is collected every contentGCInterval,
+// once it has been unused for contentGCGrace (a client uploads content
+// and sends its manifest again within seconds).
+const (
+	contentGCInterval = 10 * time.Minute
+	contentGCGrace    = time.Hour
+)
+
+// collectContent removes resource content no workspace holds any more.
+func (a *App) collectContent(content *cas.Store) {
+	defer a.wg.Done()
+	t := time.NewTicker(contentGCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		files, bytes, err := content.Collect(contentGCGrace)
+		switch {
+		case err != nil:
+			a.log.Warn("collecting unused resource content", "err", err)
+		case files > 0:
+			a.log.Info("collected unused resource content", "files", files, "bytes", bytes)
+		}
+	}
 }
 
 // Open wires the control plane from cfg: it opens the store, fails the
@@ -160,8 +193,15 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
+	content, err := cas.New(filepath.Join(cfg.DataDir, "resources"), owners.Root.UID, owners.Root.GID)
+	if err != nil {
+		execs.Close()
+		mgr.Close()
+		st.Close()
+		return nil, err
+	}
 	srv := New(Options{
-		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Keys: cfg.Keys, SigningKey: key,
+		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Content: content, Keys: cfg.Keys, SigningKey: key,
 		Metrics: metrics, Log: log,
 		Ready: func() map[string]error {
 			_, err := newRuntime("")
@@ -169,13 +209,17 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, stop: make(chan struct{})}
+	app.wg.Add(1)
+	go app.collectContent(content)
 	return app, nil
 }
 
 // Close stops the background work and closes the store. Sandboxes stay
 // up for the next process to reattach to.
 func (a *App) Close() {
+	close(a.stop)
+	a.wg.Wait()
 	a.Execs.Close()
 	a.Sessions.Close()
 	a.Store.Close()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -28,6 +29,8 @@ type Options struct {
 	Sessions   *session.Manager
 	Executions *execution.Service
 	Blobs      blob.Store
+	// Content keeps the content of session resources.
+	Content *cas.Store
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -90,6 +93,9 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/sessions/{session_id}/files/{path...}", s.download)
 	s.handle("DELETE "+p+"/sessions/{session_id}/files/{path...}", s.deleteFile)
 	s.handle("DELETE "+p+"/sessions/{session_id}/conversations/{conversation_id}", s.deleteConversation)
+	s.handle("PUT "+p+"/sessions/{session_id}/resources", s.syncResources)
+	s.handle("GET "+p+"/sessions/{session_id}/resources", s.listResources)
+	s.handle("PUT "+p+"/resources/{sha256}", s.putContent)
 	s.handle("POST "+p+"/agents/{agent_id}/execute", s.agentExecute)
 	s.handle("POST "+p+"/agents/{agent_id}/files/upload", s.agentUpload)
 	s.handle("GET "+p+"/agents/{agent_id}/files", s.agentListFiles)

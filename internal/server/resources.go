@@ -1,0 +1,134 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"net/http"
+	"sync"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// Resource sync. A client keeps a session's resources (skills,
+// commands) in step with its own copy in at most three requests: PUT the
+// manifest; PUT /resources/{sha256} the content of each resource the
+// answer lists as needed; PUT the manifest again. An unchanged manifest is
+// one request that touches nothing. Content is kept once per tenant (one
+// file, hard-linked into every workspace that has it), so the second
+// session with the same skills uploads nothing at all.
+
+const (
+	// maxManifestBody bounds a manifest: MaxResources entries of long
+	// names fit.
+	maxManifestBody = 4 << 20
+	// maxResourceBytes bounds one resource's content.
+	maxResourceBytes = 256 << 20
+)
+
+// resourcesPath is where the sandbox sees the resources.
+const resourcesPath = sandboxWorkspace + "/" + workspace.ResourcesDir
+
+// resourceLocks serialize syncs of one session (striped: a sync is short).
+var (
+	resourceLocks [64]sync.Mutex
+	resourceSeed  = maphash.MakeSeed()
+)
+
+func resourceLock(tenant, sid string) *sync.Mutex {
+	return &resourceLocks[maphash.String(resourceSeed, tenant+"\x00"+sid)%uint64(len(resourceLocks))]
+}
+
+// syncResources: PUT /sessions/{id}/resources.
+func (s *Server) syncResources(w http.ResponseWriter, r *http.Request) {
+	var m api.ResourceManifest
+	if err := decodeJSON(r, &m, maxManifestBody, false); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	want := make([]workspace.Resource, len(m.Resources))
+	for i, res := range m.Resources {
+		want[i] = workspace.Resource(res)
+	}
+	want, err := workspace.CheckManifest(want)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	ctx, t, sid := r.Context(), tenant(r), r.PathValue("session_id")
+	_, ws, err := s.opt.Sessions.Workspace(ctx, t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	mu := resourceLock(t, sid)
+	mu.Lock()
+	done, err := ws.SyncResources(ctx, want, func(sum string) (string, bool) { return s.opt.Content.Path(t, sum) })
+	mu.Unlock()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := api.ResourceSync{
+		Path: resourcesPath, Complete: len(done.Needed) == 0, Needed: make([]api.NamedResource, len(done.Needed)),
+		Added: nonNil(done.Added), Changed: nonNil(done.Changed), Removed: nonNil(done.Removed), Unchanged: done.Unchanged,
+	}
+	for i, res := range done.Needed {
+		out.Needed[i] = api.NamedResource(res)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// listResources: GET /sessions/{id}/resources.
+func (s *Server) listResources(w http.ResponseWriter, r *http.Request) {
+	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer ws.Close()
+	have, err := ws.Resources()
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	out := api.ResourceList{Path: resourcesPath, Resources: make([]api.NamedResource, len(have))}
+	for i, res := range have {
+		out.Resources[i] = api.NamedResource(res)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// putContent: PUT /resources/{sha256}, the content of a resource a sync
+// asked for. The server checks the hash as it stores it.
+func (s *Server) putContent(w http.ResponseWriter, r *http.Request) {
+	sum := r.PathValue("sha256")
+	if r.ContentLength > maxResourceBytes {
+		s.writeError(w, r, withStatus(http.StatusRequestEntityTooLarge, "payload_too_large",
+			fmt.Errorf("content of %d bytes: a resource is at most %d bytes", r.ContentLength, maxResourceBytes)))
+		return
+	}
+	n, created, err := s.opt.Content.Put(r.Context(), tenant(r), sum, r.Body, maxResourceBytes)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrResourceExhausted) {
+			err = withStatus(http.StatusRequestEntityTooLarge, "payload_too_large", err)
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	status := http.StatusOK
+	if created {
+		status = http.StatusCreated
+	}
+	writeJSON(w, status, api.ContentUpload{SHA256: sum, Size: n})
+}

@@ -1,0 +1,128 @@
+package server_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sbx-sandbox/sbx/api"
+)
+
+func TestResourceSync(t *testing.T) {
+	ts := start(t)
+	c := ts.client("")
+	ctx := context.Background()
+	for _, id := range []string{"r1", "r2"} {
+		if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	skills := map[string][]byte{
+		"skills/pdf/SKILL.md":  []byte("# Reading PDFs\nUse pdftotext.\n"),
+		"skills/xlsx/SKILL.md": []byte("# Spreadsheets\nUse openpyxl.\n"),
+		"commands/review.md":   []byte("Review the diff.\n"),
+	}
+	first, err := c.SyncResources(ctx, "r1", skills)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !first.Complete || len(first.Uploaded) != 3 || len(first.Added) != 3 || first.Requests != 5 || first.Path != "/workspace/.resources" {
+		t.Fatalf("first sync: %+v %+v", first, first.ResourceSync)
+	}
+	ws := filepath.Join(ts.dir, "workspaces", "default", "r1", ".resources")
+	if b, err := os.ReadFile(filepath.Join(ws, "skills/pdf/SKILL.md")); err != nil || string(b) != string(skills["skills/pdf/SKILL.md"]) {
+		t.Fatalf("resource in the workspace: %q %v", b, err)
+	}
+
+	// Unchanged: one request, nothing sent.
+	again, err := c.SyncResources(ctx, "r1", skills)
+	if err != nil || again.Requests != 1 || len(again.Uploaded) != 0 || again.Unchanged != 3 || !again.Complete {
+		t.Fatalf("unchanged sync: %v %+v", err, again)
+	}
+
+	// A changed skill travels alone; a removed one goes.
+	skills["skills/pdf/SKILL.md"] = []byte("# Reading PDFs\nUse pdftotext -layout.\n")
+	delete(skills, "commands/review.md")
+	changed, err := c.SyncResources(ctx, "r1", skills)
+	if err != nil || !slices.Equal(changed.Uploaded, []string{"skills/pdf/SKILL.md"}) ||
+		!slices.Equal(changed.Changed, []string{"skills/pdf/SKILL.md"}) || !slices.Equal(changed.Removed, []string{"commands/review.md"}) || changed.Unchanged != 1 {
+		t.Fatalf("changed sync: %v %+v %+v", err, changed, changed.ResourceSync)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "commands")); !os.IsNotExist(err) {
+		t.Fatalf("removed resource's directory: %v", err)
+	}
+	list, err := c.ListResources(ctx, "r1")
+	if err != nil || len(list.Resources) != 2 || list.Resources[0].Name != "skills/pdf/SKILL.md" {
+		t.Fatalf("list: %v %+v", err, list)
+	}
+
+	// Another session with the same skills sends no content, and the
+	// content is on disk once.
+	other, err := c.SyncResources(ctx, "r2", skills)
+	if err != nil || len(other.Uploaded) != 0 || len(other.Added) != 2 || other.Requests != 1 {
+		t.Fatalf("second session: %v %+v", err, other)
+	}
+	var stored int
+	filepath.WalkDir(filepath.Join(ts.dir, "resources"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			stored++
+		}
+		return nil
+	})
+	if stored != 4 { // both versions of the pdf skill, the xlsx one, the removed command
+		t.Fatalf("%d files in the content store, want 4", stored)
+	}
+	a, _ := os.Stat(filepath.Join(ws, "skills/xlsx/SKILL.md"))
+	b, _ := os.Stat(filepath.Join(ts.dir, "workspaces", "default", "r2", ".resources", "skills/xlsx/SKILL.md"))
+	if !os.SameFile(a, b) {
+		t.Fatal("two sessions hold two copies of one resource")
+	}
+}
+
+func TestResourceSyncErrors(t *testing.T) {
+	ts := start(t, "key-one-1:t1", "key-two-2:t2")
+	c1, c2 := ts.client("key-one-1"), ts.client("key-two-2")
+	ctx := context.Background()
+	c1.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s"})
+	c2.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s"})
+	sum := func(s string) string { h := sha256.Sum256([]byte(s)); return hex.EncodeToString(h[:]) }
+
+	for _, tc := range []struct {
+		what, method, path, body, ctype string
+		status                          int
+	}{
+		{"wrong hash", "PUT", "/api/v1/resources/" + sum("a"), "b", "application/octet-stream", 400},
+		{"not a hash", "PUT", "/api/v1/resources/xyz", "b", "application/octet-stream", 400},
+		{"upper-case hash", "PUT", "/api/v1/resources/" + strings.ToUpper(sum("a")), "a", "application/octet-stream", 400},
+		{"traversal", "PUT", "/api/v1/sessions/s/resources", `{"resources":[{"name":"../x","sha256":"` + sum("a") + `","size":1}]}`, "application/json", 400},
+		{"own name", "PUT", "/api/v1/sessions/s/resources", `{"resources":[{"name":".sbx-manifest.json","sha256":"` + sum("a") + `","size":1}]}`, "application/json", 400},
+		{"twice", "PUT", "/api/v1/sessions/s/resources", `{"resources":[{"name":"a","sha256":"` + sum("a") + `","size":1},{"name":"a","sha256":"` + sum("a") + `","size":1}]}`, "application/json", 400},
+		{"unknown field", "PUT", "/api/v1/sessions/s/resources", `{"resources":[],"x":1}`, "application/json", 400},
+		{"no session", "PUT", "/api/v1/sessions/nope/resources", `{"resources":[]}`, "application/json", 404},
+	} {
+		resp, b := ts.do(t, tc.method, tc.path, tc.ctype, strings.NewReader(tc.body), "Authorization", "Bearer key-one-1")
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: %d %s, want %d", tc.what, resp.StatusCode, b, tc.status)
+		}
+	}
+	// Content is per tenant: t2 cannot use, or learn of, what t1 sent.
+	if err := c1.PutContent(ctx, []byte("secret skill")); err != nil {
+		t.Fatal(err)
+	}
+	res, err := c2.SyncResources(ctx, "s", map[string][]byte{"x": []byte("secret skill")})
+	if err != nil || !slices.Equal(res.Uploaded, []string{"x"}) {
+		t.Fatalf("t2's sync: %v %+v", err, res)
+	}
+	// A manifest whose size lies about the content is refused.
+	resp, b := ts.do(t, "PUT", "/api/v1/sessions/s/resources", "application/json",
+		strings.NewReader(`{"resources":[{"name":"x","sha256":"`+sum("secret skill")+`","size":3}]}`), "Authorization", "Bearer key-one-1")
+	if resp.StatusCode != 400 {
+		t.Errorf("size mismatch: %d %s", resp.StatusCode, b)
+	}
+}

@@ -1,0 +1,341 @@
+package workspace
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// Resources (R-34) are named, read-only files a client keeps in step with
+// a manifest: skills, commands, reference data. They live under
+// ResourcesDir, which belongs to the sandbox's root like uploads/, so user
+// code can read them but not change them. The directory also holds the
+// record of what is in place (resourcesRecord), so a snapshot or a
+// hibernation carries the files and the record together.
+const (
+	// ResourcesDir is the resources' directory in the workspace; the
+	// sandbox sees it at /workspace/.resources.
+	ResourcesDir    = ".resources"
+	resourcesRecord = ResourcesDir + "/.sbx-manifest.json"
+	// MaxResources bounds a manifest's entries.
+	MaxResources = 1000
+	// maxRecord bounds the record read back (a sandbox cannot write it,
+	// but a restored snapshot could carry anything).
+	maxRecord = 4 << 20
+)
+
+// Resource is one entry of a manifest: a workspace-style path below
+// ResourcesDir and the SHA-256 and size of its content.
+type Resource struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+	Size   int64  `json:"size"`
+}
+
+// ResourceSync says what SyncResources did.
+type ResourceSync struct {
+	// Needed are the resources whose content the caller must provide
+	// before they can be put in place; an entry that changed keeps its
+	// old content until then.
+	Needed []Resource
+	// Added, Changed and Removed name what this call put in place or
+	// took away; Unchanged counts the rest.
+	Added, Changed, Removed []string
+	Unchanged               int
+}
+
+// CheckManifest validates a client's manifest and returns it sorted by
+// name: valid paths (not ResourcesDir itself, no component starting with
+// ".sbx-"), lower-case hex SHA-256s, sizes >= 0, no name twice and none
+// that is a directory of another.
+func CheckManifest(m []Resource) ([]Resource, error) {
+	if len(m) > MaxResources {
+		return nil, fmt.Errorf("manifest of %d resources: at most %d: %w", len(m), MaxResources, errdefs.ErrInvalidArgument)
+	}
+	out := make([]Resource, len(m))
+	for i, r := range m {
+		name, err := CleanPath(r.Name)
+		if err != nil {
+			return nil, fmt.Errorf("resource %d: %w", i, err)
+		}
+		if name == "." {
+			return nil, fmt.Errorf("resource %d: name %q names no file: %w", i, r.Name, errdefs.ErrInvalidArgument)
+		}
+		if strings.HasPrefix(name, ".sbx-") || strings.Contains(name, "/.sbx-") {
+			return nil, fmt.Errorf("resource %s: names starting with .sbx- are sbx's own: %w", quote(name), errdefs.ErrInvalidArgument)
+		}
+		if !validSHA256(r.SHA256) {
+			return nil, fmt.Errorf("resource %s: sha256 %q: want 64 lower-case hex digits: %w", quote(name), r.SHA256, errdefs.ErrInvalidArgument)
+		}
+		if r.Size < 0 {
+			return nil, fmt.Errorf("resource %s: negative size: %w", quote(name), errdefs.ErrInvalidArgument)
+		}
+		out[i] = Resource{Name: name, SHA256: r.SHA256, Size: r.Size}
+	}
+	slices.SortFunc(out, func(a, b Resource) int { return strings.Compare(a.Name, b.Name) })
+	names := make(map[string]bool, len(out))
+	for _, r := range out {
+		if names[r.Name] {
+			return nil, fmt.Errorf("resource %s: named twice: %w", quote(r.Name), errdefs.ErrInvalidArgument)
+		}
+		names[r.Name] = true
+	}
+	for _, r := range out {
+		for d := path.Dir(r.Name); d != "."; d = path.Dir(d) {
+			if names[d] {
+				return nil, fmt.Errorf("resource %s: %s is a file, so it cannot be a directory too: %w", quote(r.Name), quote(d), errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	return out, nil
+}
+
+func validSHA256(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// Resources returns the resources in place, sorted by name.
+func (w *Workspace) Resources() ([]Resource, error) {
+	rec, ok := w.readRecord()
+	if !ok {
+		return []Resource{}, nil
+	}
+	return rec, nil
+}
+
+// readRecord reads the record of the resources in place; ok is false if
+// there is none, or if ResourcesDir is not what sbx made (the sandbox
+// renamed it away and made its own), in which case nothing there can be
+// trusted.
+func (w *Workspace) readRecord() (rec []Resource, ok bool) {
+	if !w.ownedByRoot(ResourcesDir) || !w.ownedByRoot(resourcesRecord) {
+		return nil, false
+	}
+	f, err := w.root.OpenFile(resourcesRecord, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, false
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxRecord+1))
+	if err != nil || len(b) > maxRecord {
+		return nil, false
+	}
+	var r struct {
+		Resources []Resource `json:"resources"`
+	}
+	if json.Unmarshal(b, &r) != nil {
+		return nil, false
+	}
+	if rec, err = CheckManifest(r.Resources); err != nil {
+		return nil, false
+	}
+	return rec, true
+}
+
+// ownedByRoot says whether rel (not followed if a link) belongs to the
+// sandbox's root.
+func (w *Workspace) ownedByRoot(rel string) bool {
+	fi, err := w.root.Lstat(rel)
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == w.owners.Root.UID && fi.Mode().Type()&fs.ModeSymlink == 0
+}
+
+// SyncResources brings ResourcesDir in step with want (checked by
+// CheckManifest): resources that are gone from want are removed, new and
+// changed ones are put in place if content(sha256) gives a host file with
+// their content, and the rest is reported as Needed. content's files are
+// hard-linked in when they can be (one copy on disk however many
+// workspaces hold a resource, which is why they must already belong to the
+// sandbox's root and be read-only), copied otherwise.
+//
+// Callers serialize SyncResources calls on one workspace.
+func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content func(sha256 string) (string, bool)) (ResourceSync, error) {
+	var res ResourceSync
+	have, ok := w.readRecord()
+	if !ok {
+		// Nothing sbx made is there: start from an empty directory.
+		if err := w.root.RemoveAll(ResourcesDir); err != nil {
+			return res, classify(ResourcesDir, err)
+		}
+		have = nil
+	}
+	if err := w.rootDir(ResourcesDir); err != nil {
+		return res, err
+	}
+	old := make(map[string]Resource, len(have))
+	for _, r := range have {
+		old[r.Name] = r
+	}
+	wanted := make(map[string]bool, len(want))
+	for _, r := range want {
+		wanted[r.Name] = true
+		// A manifest that is wrong about a size fails before anything
+		// changes.
+		if src, ok := content(r.SHA256); ok {
+			if fi, err := os.Stat(src); err == nil && fi.Size() != r.Size {
+				return res, fmt.Errorf("resource %s: the manifest says %d bytes, its content has %d: %w", quote(r.Name), r.Size, fi.Size(), errdefs.ErrInvalidArgument)
+			}
+		}
+	}
+	// Removals first: a name that was a file may be a directory now.
+	var kept []Resource
+	for _, r := range have {
+		if wanted[r.Name] {
+			continue
+		}
+		rel := ResourcesDir + "/" + r.Name
+		if err := w.root.Remove(rel); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return res, classify(rel, err)
+		}
+		w.pruneDirs(path.Dir(rel))
+		res.Removed = append(res.Removed, r.Name)
+	}
+	for _, r := range want {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		rel := ResourcesDir + "/" + r.Name
+		prev, existed := old[r.Name]
+		if existed && prev.SHA256 == r.SHA256 && prev.Size == r.Size && w.inPlace(rel, r.Size) {
+			kept = append(kept, r)
+			res.Unchanged++
+			continue
+		}
+		src, ok := content(r.SHA256)
+		if !ok {
+			res.Needed = append(res.Needed, r)
+			if existed && w.inPlace(rel, prev.Size) {
+				kept = append(kept, prev)
+			}
+			continue
+		}
+		if err := w.placeResource(ctx, rel, src, r.Size); err != nil {
+			return res, err
+		}
+		kept = append(kept, r)
+		if existed {
+			res.Changed = append(res.Changed, r.Name)
+		} else {
+			res.Added = append(res.Added, r.Name)
+		}
+	}
+	if !ok || len(res.Removed)+len(res.Added)+len(res.Changed) > 0 || len(kept) != len(have) {
+		if err := w.writeRecord(ctx, kept); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// inPlace says whether rel is a regular file of size bytes.
+func (w *Workspace) inPlace(rel string, size int64) bool {
+	fi, err := w.root.Lstat(rel)
+	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
+}
+
+// rootDir makes rel a directory of the sandbox's root, mode 0755.
+func (w *Workspace) rootDir(rel string) error {
+	if err := w.root.Mkdir(rel, uploadsMode); err != nil && !errors.Is(err, fs.ErrExist) {
+		return classify(rel, err)
+	}
+	f, err := w.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return classify(rel, err)
+	}
+	defer f.Close()
+	if err := f.Chown(w.owners.Root.UID, w.owners.Root.GID); err != nil {
+		return classify(rel, err)
+	}
+	return classify(rel, f.Chmod(uploadsMode))
+}
+
+// placeResource puts the content of host file src at rel: a hard link if
+// src is on the workspace's file system, a copy if not.
+func (w *Workspace) placeResource(ctx context.Context, rel, src string, size int64) error {
+	fi, err := os.Stat(src)
+	if err != nil {
+		return err
+	}
+	if fi.Size() != size {
+		return fmt.Errorf("resource %s: the manifest says %d bytes, its content has %d: %w", quote(rel), size, fi.Size(), errdefs.ErrInvalidArgument)
+	}
+	dirRel := path.Dir(rel)
+	if err := w.ensureDir(dirRel, w.owners.Root, uploadsMode); err != nil {
+		return err
+	}
+	d, err := w.root.OpenFile(dirRel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return classify(dirRel, err)
+	}
+	defer d.Close()
+	tmp := tempPrefix + "link-" + path.Base(src)
+	tmpRel := path.Join(dirRel, tmp)
+	w.root.Remove(tmpRel)
+	switch err := unix.Linkat(unix.AT_FDCWD, src, int(d.Fd()), tmp, 0); {
+	case err == nil:
+		if err := w.root.Rename(tmpRel, rel); err != nil {
+			w.root.Remove(tmpRel)
+			return classify(rel, err)
+		}
+		return nil
+	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EMLINK), errors.Is(err, unix.EPERM):
+	default:
+		return classify(rel, err)
+	}
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = w.Save(ctx, rel, f, 0, w.owners.Root, 0o444)
+	return err
+}
+
+// pruneDirs removes dirRel and its parents up to ResourcesDir while they
+// are empty.
+func (w *Workspace) pruneDirs(dirRel string) {
+	for dirRel != ResourcesDir && strings.HasPrefix(dirRel, ResourcesDir+"/") {
+		if w.root.Remove(dirRel) != nil { // not empty (or gone)
+			return
+		}
+		dirRel = path.Dir(dirRel)
+	}
+}
+
+func (w *Workspace) writeRecord(ctx context.Context, rec []Resource) error {
+	if rec == nil {
+		rec = []Resource{}
+	}
+	b, err := json.Marshal(struct {
+		Resources []Resource `json:"resources"`
+	}{rec})
+	if err != nil {
+		return err
+	}
+	_, err = w.Save(ctx, resourcesRecord, bytes.NewReader(b), 0, w.owners.Root, 0o444)
+	return err
+}
