@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 // Errors of EnsureSession, for errors.Is: the create call failed, or
@@ -116,4 +118,57 @@ func (c *Client) AgentExecute(ctx context.Context, agentID string, req api.Agent
 		return nil, err
 	}
 	return &out, nil
+}
+
+// agentPath is /agents/{agent_id}REST, and the query naming the user.
+func agentPath(agentID, userID, rest string) (string, url.Values, error) {
+	seg, err := segment("agent id", agentID)
+	if err != nil {
+		return "", nil, err
+	}
+	if userID == "" {
+		return "", nil, fmt.Errorf("user id is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return api.Prefix + "/agents/" + seg + rest, url.Values{"user_id": {userID}}, nil
+}
+
+// AgentUpload uploads files into the session of a user's agent, which the
+// server creates on first use; with opts.ConversationID they go to
+// that conversation's temp area.
+func (c *Client) AgentUpload(ctx context.Context, agentID, userID string, opts UploadOptions, files ...UploadFile) (*api.UploadResponse, error) {
+	p, q, err := agentPath(agentID, userID, "/files/upload")
+	if err != nil {
+		return nil, err
+	}
+	return c.upload(ctx, p, q, opts, files)
+}
+
+// AgentListFiles lists the workspace of a user's agent, or one
+// conversation's uploads. A user whose session does not exist yet
+// is errdefs.ErrNotFound.
+func (c *Client) AgentListFiles(ctx context.Context, agentID, userID string, opts ListFilesOptions) (*api.FileList, error) {
+	p, q, err := agentPath(agentID, userID, "/files")
+	if err != nil {
+		return nil, err
+	}
+	return c.listFiles(ctx, p, q, opts)
+}
+
+// AgentOpenFile opens length bytes from offset (length 0: to the end) of a
+// file of a user's agent's workspace, or, with conversationID, of that
+// conversation's temp area. Close the reader when done.
+func (c *Client) AgentOpenFile(ctx context.Context, agentID, userID, conversationID, file string, offset, length int64) (io.ReadCloser, error) {
+	if offset < 0 || length < 0 {
+		return nil, fmt.Errorf("open %s: negative offset or length: %w", file, errdefs.ErrInvalidArgument)
+	}
+	fp, err := filePath(file)
+	if err != nil {
+		return nil, err
+	}
+	p, q, err := agentPath(agentID, userID, "/files/"+fp)
+	if err != nil {
+		return nil, err
+	}
+	set(q, "conversation_id", conversationID)
+	return c.openFile(ctx, p, q, file, offset, length)
 }

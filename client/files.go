@@ -58,6 +58,10 @@ func (c *Client) Upload(ctx context.Context, sessionID string, opts UploadOption
 	if err != nil {
 		return nil, err
 	}
+	return c.upload(ctx, p, nil, opts, files)
+}
+
+func (c *Client) upload(ctx context.Context, p string, query url.Values, opts UploadOptions, files []UploadFile) (*api.UploadResponse, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("upload: no files: %w", errdefs.ErrInvalidArgument)
 	}
@@ -68,7 +72,7 @@ func (c *Client) Upload(ctx context.Context, sessionID string, opts UploadOption
 	}
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
-	req, err := c.request(ctx, http.MethodPost, p, nil, pr)
+	req, err := c.request(ctx, http.MethodPost, p, query, pr)
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +156,10 @@ func (c *Client) ListFiles(ctx context.Context, sessionID string, opts ListFiles
 	if err != nil {
 		return nil, err
 	}
-	q := url.Values{}
+	return c.listFiles(ctx, p, url.Values{}, opts)
+}
+
+func (c *Client) listFiles(ctx context.Context, p string, q url.Values, opts ListFilesOptions) (*api.FileList, error) {
 	set(q, "path", opts.Path)
 	if opts.Recursive {
 		q.Set("recursive", "true")
@@ -195,7 +202,11 @@ func (c *Client) OpenFile(ctx context.Context, sessionID, file string, offset, l
 	if err != nil {
 		return nil, err
 	}
-	req, err := c.request(ctx, http.MethodGet, p, nil, nil)
+	return c.openFile(ctx, p, nil, file, offset, length)
+}
+
+func (c *Client) openFile(ctx context.Context, p string, query url.Values, file string, offset, length int64) (io.ReadCloser, error) {
+	req, err := c.request(ctx, http.MethodGet, p, query, nil)
 	if err != nil {
 		return nil, err
 	}
