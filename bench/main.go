@@ -42,6 +42,7 @@ var (
 	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
 	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
 	skipHTTP  = flag.Bool("skip-http", false, "skip the control-plane (HTTP) measures")
+	only      = flag.String("only", "", "run only this measure that needs no sandbox: records or resources")
 	stateRoot = "/run/sbx-bench"
 )
 
@@ -51,6 +52,20 @@ func main() {
 		log.Fatal("bench: needs root")
 	}
 	ctx := context.Background()
+	if *only != "" {
+		var rows []row
+		add := func(r row) { rows = append(rows, r) }
+		switch *only {
+		case "records":
+			benchRecords(ctx, add)
+		case "resources":
+			benchResources(ctx, add)
+		default:
+			log.Fatalf("bench: -only %q: want records or resources", *only)
+		}
+		printTable(rows)
+		return
+	}
 	store := template.NewStore(filepath.Join(*dataDir, "templates"))
 	py := ensure(ctx, store, "python")
 	rt, err := oci.New(oci.Config{StateDir: stateRoot, ExecutorPath: *exePath, CgroupParent: "sbx-bench",
@@ -110,6 +125,7 @@ func main() {
 
 	if !*skipHTTP {
 		benchRecords(ctx, add) // first: its memory measure wants a lean process
+		benchResources(ctx, add)
 		benchHTTP(ctx, rt, rtp, add)
 		benchLifecycle(ctx, rt, add)
 		benchLive(ctx, rt, add)

@@ -190,9 +190,15 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 	for _, r := range have {
 		old[r.Name] = r
 	}
+	// What the record has is in place: the sandbox cannot change what is
+	// below a directory of its root, and a directory it made instead
+	// fails readRecord. So an unchanged manifest reads one file.
 	wanted := make(map[string]bool, len(want))
 	for _, r := range want {
 		wanted[r.Name] = true
+		if prev, ok := old[r.Name]; ok && prev == r {
+			continue
+		}
 		// A manifest that is wrong about a size fails before anything
 		// changes.
 		if src, ok := content(r.SHA256); ok {
@@ -220,7 +226,7 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 		}
 		rel := ResourcesDir + "/" + r.Name
 		prev, existed := old[r.Name]
-		if existed && prev.SHA256 == r.SHA256 && prev.Size == r.Size && w.inPlace(rel, r.Size) {
+		if existed && prev == r {
 			kept = append(kept, r)
 			res.Unchanged++
 			continue
