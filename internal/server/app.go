@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/blob"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/execution"
@@ -77,18 +78,18 @@ type App struct {
 	wg       sync.WaitGroup
 }
 
-// Resource content nothing links to is collected every contentGCInterval,
-// once it has been unused for contentGCGrace (a client uploads content
-// and sends its manifest again within seconds).
+// Every collectInterval the server removes what nothing can use any more:
+// resource content no workspace has linked for contentGCGrace (a client
+// uploads content and sends its manifest again within seconds), and copies
+// of presigned files whose URLs have all expired.
 const (
-	contentGCInterval = 10 * time.Minute
-	contentGCGrace    = time.Hour
+	collectInterval = 10 * time.Minute
+	contentGCGrace  = time.Hour
 )
 
-// collectContent removes resource content no workspace holds any more.
-func (a *App) collectContent(content *cas.Store) {
+func (a *App) collect(content *cas.Store, blobs blob.Store) {
 	defer a.wg.Done()
-	t := time.NewTicker(contentGCInterval)
+	t := time.NewTicker(collectInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -102,6 +103,15 @@ func (a *App) collectContent(content *cas.Store) {
 			a.log.Warn("collecting unused resource content", "err", err)
 		case files > 0:
 			a.log.Info("collected unused resource content", "files", files, "bytes", bytes)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), collectInterval)
+		n, err := collectPresigned(ctx, blobs, time.Now())
+		cancel()
+		switch {
+		case err != nil:
+			a.log.Warn("collecting expired presigned copies", "err", err)
+		case n > 0:
+			a.log.Info("collected expired presigned copies", "blobs", n)
 		}
 	}
 }
@@ -211,7 +221,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	mgr.Prebuild(cfg.Prebuild)
 	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, stop: make(chan struct{})}
 	app.wg.Add(1)
-	go app.collectContent(content)
+	go app.collect(content, blobs)
 	return app, nil
 }
 

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
@@ -28,6 +30,31 @@ const (
 	defaultPresignExpiry = 3600
 	maxPresignExpiry     = 7 * 24 * 3600
 )
+
+// Copies of presigned files are kept presignKeep after they were last
+// written, and written again by a presign presignRefresh after that, so a
+// copy outlives every URL made for it (maxPresignExpiry) and no longer.
+const (
+	presignRefresh = 24 * time.Hour
+	presignKeep    = maxPresignExpiry*time.Second + presignRefresh + time.Hour
+)
+
+// collectPresigned removes the copies no unexpired URL can name.
+func collectPresigned(ctx context.Context, blobs blob.Store, now time.Time) (n int, err error) {
+	infos, err := blobs.List(ctx, "presigned/")
+	if err != nil {
+		return 0, err
+	}
+	for _, info := range infos {
+		if now.Sub(info.ModTime) > presignKeep {
+			if err := blobs.Delete(ctx, info.Key); err != nil {
+				return n, err
+			}
+			n++
+		}
+	}
+	return n, nil
+}
 
 var blobNamePattern = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
@@ -52,7 +79,10 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	key := "presigned/" + sum
-	if _, err := s.opt.Blobs.Stat(r.Context(), key); err != nil {
+	// A URL made now may be used until now+expiry; the collector keeps a
+	// copy for presignKeep after its last write, so a copy older than
+	// presignRefresh is written again.
+	if info, err := s.opt.Blobs.Stat(r.Context(), key); err != nil || time.Since(info.ModTime) > presignRefresh {
 		if _, err := file.Seek(0, io.SeekStart); err != nil {
 			s.writeError(w, r, err)
 			return
