@@ -61,8 +61,26 @@ func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *rea
 	}
 	ts := httptest.NewServer(apitest.Handler(t, app.Server.Handler()))
 	rs := &realServer{Server: ts, app: app, dir: dir, rt: rt}
-	t.Cleanup(rs.stop)
+	t.Cleanup(func() {
+		rs.stop()
+		destroySandboxes(t, rt)
+	})
 	return rs
+}
+
+// destroySandboxes destroys every sandbox of rt's state directory: a
+// server leaves its sandboxes up for the next one to adopt, a test leaves
+// none behind.
+func destroySandboxes(t *testing.T, rt *oci.Runtime) {
+	infos, err := rt.List(context.Background())
+	if err != nil {
+		t.Errorf("listing the test's sandboxes: %v", err)
+	}
+	for _, info := range infos {
+		if err := rt.Destroy(context.Background(), info.ID); err != nil {
+			t.Errorf("destroying sandbox %s: %v", info.ID, err)
+		}
+	}
 }
 
 func (rs *realServer) stop() {

@@ -348,6 +348,11 @@ func TestServerKilled(t *testing.T) {
 	testenv.New(t).Rootfs(t, "python")
 	sbx := env.Sbx(t)
 	dir, state := t.TempDir(), filepath.Join(env.StateRoot, "k9")
+	rt, err := oci.New(oci.Config{StateDir: state, ExecutorPath: env.Executor})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { destroySandboxes(t, rt) }) // last: after both servers are killed
 	serve := func() (*exec.Cmd, *client.Client) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
