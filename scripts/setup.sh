@@ -15,6 +15,9 @@ fi
 # Debian packages: the OCI runtime, the template builder's tools, and
 # bubblewrap for the benchmark's baseline.
 pkgs=(runc debootstrap bubblewrap ca-certificates make)
+# Python, pip, setuptools and wheel install the Python client from its path
+# (clients/python, no PyPI) for its tests.
+pkgs+=(python3 python3-pip python3-setuptools python3-wheel)
 # Node.js and npm run the tests that drive sbx with real third-party
 # clients (the MCP TypeScript SDK, the E2B SDKs); a machine that already
 # has a node of its own keeps it.

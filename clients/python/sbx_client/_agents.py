@@ -1,0 +1,180 @@
+"""Calls that name an agent and a user (R-30, R-31) and the LLM tools (R-32)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Mapping, Optional
+
+from . import errors, models
+from ._executions import execution_body
+from ._files import _agent_path
+from ._transport import Transport, segment
+
+P = "/api/v1"
+
+# invoke_tool waits for the run of execute_code and run_bash in one
+# request; without a timeout in the arguments, allow this long for it.
+TOOL_RUN_ALLOWANCE = 300.0
+
+
+def agent_session_id(user_id: str, agent_id: str) -> str:
+    """The session of a user's agent (R-31): ``sb-session-{user_id}-{agent_id}``."""
+    return f"sb-session-{user_id}-{agent_id}"
+
+
+class AgentsMixin:
+    """Agent and tool calls of :class:`sbx_client.Client`."""
+
+    _t: Transport
+
+    def ensure_session(
+        self,
+        user_id: str,
+        agent_id: str,
+        tries: int = 30,
+        interval: float = 0.5,
+        create: Optional[Mapping[str, Any]] = None,
+    ) -> str:
+        """Returns the id of the session of a user's agent,
+        ``sb-session-{user_id}-{agent_id}``, ready for calls (R-31).
+
+        The algorithm (the Go client's ``EnsureSession``):
+
+        1. GET the session.
+        2. 404: create it. ``terminated``: create it anew. ``error``:
+           recreate it (creating an id in error recovers it: a new sandbox
+           over the same workspace). Any other error of the GET is raised.
+        3. ``running``, ``paused`` or ``hibernated``: return the id (a call
+           on a paused or hibernated session resumes it).
+        4. ``pending``: GET again every ``interval`` seconds, up to ``tries``
+           looks at the session in all (the first GET's or the create's
+           answer included); still not usable: :class:`SessionNotReady`.
+
+        A failed create (or a session that ends up in ``error`` or
+        ``terminated`` while polled) raises :class:`SessionCreateFailed`,
+        chaining the cause.
+
+        Args:
+            tries: how many times to look at the session (default 30).
+            interval: seconds between looks (default 0.5).
+            create: keyword arguments of :meth:`create_session` used when the
+                session must be created (``{"template_id":
+                "python-datascience"}``, say); ``user_id`` and ``agent_id``
+                are added to its metadata.
+        """
+        tries = tries if tries and tries > 0 else 30
+        interval = interval if interval and interval > 0 else 0.5
+        if not user_id or not agent_id:
+            raise errors.SessionCreateFailed(
+                "sbx: user id and agent id are required", session_id=agent_session_id(user_id, agent_id)
+            )
+        sid = agent_session_id(user_id, agent_id)
+
+        def make() -> models.Session:
+            kw = dict(create or {})
+            kw.pop("session_id", None)
+            meta = dict(kw.pop("metadata", None) or {})
+            meta["user_id"], meta["agent_id"] = user_id, agent_id
+            try:
+                return self.create_session(sid, metadata=meta, **kw)  # type: ignore[attr-defined]
+            except errors.SbxError as e:
+                raise errors.SessionCreateFailed(
+                    f"session {sid}: create failed: {e}",
+                    session_id=sid,
+                    status=e.status,
+                    code=e.code,
+                    retry_after=e.retry_after,
+                ) from e
+
+        try:
+            s = self.get_session(sid)  # type: ignore[attr-defined]
+        except errors.NotFound:
+            s = make()
+        else:
+            if s.status in (models.TERMINATED, models.ERROR):
+                s = make()
+        sleep = self._t._sleep
+        attempt = 1
+        while True:
+            if s.status in (models.RUNNING, models.PAUSED, models.HIBERNATED):
+                return sid
+            if s.status in (models.ERROR, models.TERMINATED):
+                raise errors.SessionCreateFailed(f"session {sid} is {s.status}: {s.error}", session_id=sid)
+            if attempt >= tries:
+                raise errors.SessionNotReady(
+                    f"session {sid} still {s.status} after {tries} tries {interval} s apart", session_id=sid
+                )
+            sleep(interval)
+            s = self.get_session(sid)  # type: ignore[attr-defined]
+            attempt += 1
+
+    def agent_execute(
+        self,
+        agent_id: str,
+        user_id: str,
+        code: str,
+        *,
+        template_id: Optional[str] = None,
+        language: Optional[str] = None,
+        timeout: Optional[float] = None,
+        event: Any = None,
+        env_vars: Optional[Mapping[str, str]] = None,
+        conversation_id: Optional[str] = None,
+        context_id: Optional[str] = None,
+        wait_timeout: Optional[float] = None,
+    ) -> models.Execution:
+        """Runs code in the session of a user's agent, which the server
+        creates on first use (with ``template_id``, default ``python``; an
+        existing session keeps its template), and waits for the result as
+        :meth:`execute` does (submit, then :meth:`wait_result`)."""
+        body = execution_body(code, language, timeout, event, env_vars, conversation_id, context_id)
+        body["user_id"] = user_id
+        if template_id is not None:
+            body["template_id"] = template_id
+        eid = self._submit(_agent_path(agent_id, "/execute"), body)  # type: ignore[attr-defined]
+        return self.wait_result(eid, timeout=wait_timeout)  # type: ignore[attr-defined]
+
+    def list_tools(self) -> List[models.Tool]:
+        """Returns the tool definitions for LLM function calling:
+        ``execute_code``, ``run_bash``, ``upload_file``, ``list_files``,
+        ``read_file``. ``[t.raw for t in tools]`` is the list to pass to a
+        chat-completions call."""
+        _, doc = self._t.call("GET", f"{P}/tools")
+        return [models.Tool.from_json(t) for t in (doc or {}).get("tools") or []]
+
+    def invoke_tool(
+        self,
+        name: str,
+        user_id: str,
+        agent_id: str,
+        arguments: Optional[Mapping[str, Any]] = None,
+        conversation_id: Optional[str] = None,
+        *,
+        timeout: Optional[float] = None,
+    ) -> models.ToolResult:
+        """Runs the tool call a model made, in the session of the user's
+        agent (made on first use). ``arguments`` are the model's (a dict, or
+        the JSON string a chat-completions answer carries); with
+        ``conversation_id``, code runs with that conversation's uploads in
+        view.
+
+        A call that ran and failed (an exception, a missing file) is a
+        result with ``is_error`` and ``content`` saying why, for the model to
+        see; arguments that break the tool's schema raise
+        :class:`InvalidArgument`, an unknown tool :class:`NotFound`.
+        ``timeout`` is how long the server may take to answer (default: the
+        client's timeout plus the run's ``timeout`` argument, or 300 s).
+        """
+        if isinstance(arguments, (str, bytes)):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError as e:
+                raise errors.InvalidArgument(f"tool {name}: arguments are not JSON: {e}") from e
+        body: Dict[str, Any] = {"user_id": user_id, "agent_id": agent_id, "arguments": dict(arguments or {})}
+        if conversation_id is not None:
+            body["conversation_id"] = conversation_id
+        if timeout is None:
+            run = body["arguments"].get("timeout")
+            timeout = self._t.timeout + (float(run) if isinstance(run, (int, float)) and run > 0 else TOOL_RUN_ALLOWANCE)
+        _, doc = self._t.call("POST", f"{P}/tools/{segment('tool', name)}/invoke", body=body, timeout=timeout)
+        return models.from_dict(models.ToolResult, doc)
