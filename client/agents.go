@@ -172,3 +172,28 @@ func (c *Client) AgentOpenFile(ctx context.Context, agentID, userID, conversatio
 	set(q, "conversation_id", conversationID)
 	return c.openFile(ctx, p, q, file, offset, length)
 }
+
+// Tools lists the tools for LLM function calling, in the OpenAI
+// function-calling shape.
+func (c *Client) Tools(ctx context.Context) ([]api.Tool, error) {
+	var out api.ToolList
+	if _, err := c.call(ctx, http.MethodGet, api.Prefix+"/tools", nil, nil, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return out.Tools, nil
+}
+
+// InvokeTool runs a tool call of a model in the session of req's user and
+// agent. A call that ran and failed is a result with IsError, not an
+// error.
+func (c *Client) InvokeTool(ctx context.Context, name string, req api.ToolInvokeRequest) (*api.ToolResult, error) {
+	seg, err := segment("tool name", name)
+	if err != nil {
+		return nil, err
+	}
+	var out api.ToolResult
+	if _, err := c.call(ctx, http.MethodPost, api.Prefix+"/tools/"+seg+"/invoke", nil, req, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -19,6 +19,7 @@ commands:
   session    create, list and remove sessions of a server (sbx session -h)
   exec       run code in a session of a server (sbx exec -h)
   files      upload, list, download and remove a session's files (sbx files -h)
+  mcp        serve a server's tools as an MCP server on stdio (sbx mcp -h)
   template   build, list and remove templates (sbx template -h)
   version    print the version
 
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runExec(ctx, args[1:], stdout, stderr)
 	case "files":
 		return runFiles(ctx, args[1:], stdout, stderr)
+	case "mcp":
+		return runMCP(ctx, args[1:], os.Stdin, stdout, stderr)
 	case "version":
 		fmt.Fprintln(stdout, "sbx", version)
 		return 0

@@ -95,7 +95,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	app, err := server.Open(ctx, server.Config{
-		Addr: *addr, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
+		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools,
 	})

@@ -224,6 +224,13 @@ func names(m map[string]string) []string {
 	return out
 }
 
+// Check says whether Submit would refuse req as invalid, before anything
+// is made for it.
+func Check(req api.ExecuteRequest) error {
+	_, err := toRunRequest(req)
+	return err
+}
+
 // toRunRequest checks every field of an execute request and makes
 // the executor's request of it.
 func toRunRequest(req api.ExecuteRequest) (*executor.RunRequest, error) {

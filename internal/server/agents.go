@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"path"
@@ -26,11 +27,20 @@ var agentIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,55}$`)
 // agentSession returns the session id of the request's agent and user
 // (the user from userID, or the user_id query parameter).
 func agentSession(r *http.Request, userID string) (string, error) {
-	agent := r.PathValue("agent_id")
+	return agentSessionID(requestUser(r, userID), r.PathValue("agent_id"))
+}
+
+func requestUser(r *http.Request, userID string) string {
 	if userID == "" {
-		userID = r.URL.Query().Get("user_id")
+		return r.URL.Query().Get("user_id")
 	}
-	for _, f := range []struct{ name, v string }{{"agent_id", agent}, {"user_id", userID}} {
+	return userID
+}
+
+// agentSessionID checks a user and an agent id and returns the session id
+// of the pair.
+func agentSessionID(userID, agentID string) (string, error) {
+	for _, f := range []struct{ name, v string }{{"agent_id", agentID}, {"user_id", userID}} {
 		if f.v == "" {
 			return "", fmt.Errorf("%s is required: %w", f.name, errdefs.ErrInvalidArgument)
 		}
@@ -38,28 +48,31 @@ func agentSession(r *http.Request, userID string) (string, error) {
 			return "", fmt.Errorf("%s %q: want 1-56 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\": %w", f.name, f.v, errdefs.ErrInvalidArgument)
 		}
 	}
-	sid := api.AgentSessionID(userID, agent)
+	sid := api.AgentSessionID(userID, agentID)
 	if !session.ValidID(sid) {
-		return "", fmt.Errorf("session id %q of user %q and agent %q is not a valid id: %w", sid, userID, agent, errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("session id %q of user %q and agent %q is not a valid id: %w", sid, userID, agentID, errdefs.ErrInvalidArgument)
 	}
 	return sid, nil
 }
 
 // ensureAgentSession finds or creates the agent's session for the user.
-// A terminated or failed session is made anew (Create's rules).
 func (s *Server) ensureAgentSession(r *http.Request, userID, templateID string) (string, error) {
 	sid, err := agentSession(r, userID)
 	if err != nil {
 		return "", err
 	}
-	if userID == "" {
-		userID = r.URL.Query().Get("user_id")
-	}
-	_, _, err = s.opt.Sessions.Create(r.Context(), tenant(r), api.CreateSessionRequest{
+	return sid, s.ensureSession(r.Context(), sid, requestUser(r, userID), r.PathValue("agent_id"), templateID)
+}
+
+// ensureSession finds or creates session sid of a user's agent in the
+// tenant of ctx. A terminated or failed session is made anew (Create's
+// rules).
+func (s *Server) ensureSession(ctx context.Context, sid, userID, agentID, templateID string) error {
+	_, _, err := s.opt.Sessions.Create(ctx, tenantOf(ctx), api.CreateSessionRequest{
 		SessionID: sid, TemplateID: templateID,
-		Metadata: map[string]string{"user_id": userID, "agent_id": r.PathValue("agent_id")},
+		Metadata: map[string]string{"user_id": userID, "agent_id": agentID},
 	})
-	return sid, err
+	return err
 }
 
 // agentExecute: POST /agents/{agent_id}/execute (R-30).

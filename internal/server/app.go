@@ -34,6 +34,8 @@ type Config struct {
 	// Addr is where to listen. Default 127.0.0.1:7070. Without API keys
 	// only a loopback address is allowed.
 	Addr string
+	// Version is the server's version, as the MCP server tells clients.
+	Version string
 	// DataDir holds the database (sbx.db), templates, workspaces, blobs and
 	// the URL signing key. Default /var/lib/sbx.
 	DataDir string
@@ -212,7 +214,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	srv := New(Options{
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Content: content, Keys: cfg.Keys, SigningKey: key,
-		Metrics: metrics, Log: log,
+		Metrics: metrics, Log: log, Version: cfg.Version,
 		Ready: func() map[string]error {
 			_, err := newRuntime("")
 			return map[string]error{"runtime": err}

@@ -46,8 +46,11 @@ func ParseKeys(specs []string) (Keys, error) {
 type tenantKey struct{}
 
 // tenant is the tenant the request acts for.
-func tenant(r *http.Request) string {
-	t, _ := r.Context().Value(tenantKey{}).(string)
+func tenant(r *http.Request) string { return tenantOf(r.Context()) }
+
+// tenantOf is the tenant a request's context acts for.
+func tenantOf(ctx context.Context) string {
+	t, _ := ctx.Value(tenantKey{}).(string)
 	return t
 }
 

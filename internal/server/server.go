@@ -38,6 +38,8 @@ type Options struct {
 	SigningKey []byte
 	Metrics    *Metrics
 	Log        *slog.Logger
+	// Version is the server's version, as the MCP server tells clients.
+	Version string
 	// Ready reports whether the server can take work (for /readyz): each
 	// check's name and nil or what is wrong.
 	Ready func() map[string]error
@@ -102,6 +104,7 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/agents/{agent_id}/files/{path...}", s.agentDownload)
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
+	s.handle("/mcp", s.serveMCP)
 	s.mux.HandleFunc("GET "+p+"/presigned/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)

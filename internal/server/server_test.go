@@ -899,4 +899,16 @@ func TestTools(t *testing.T) {
 	if resp, _ := ts.do(t, "POST", "/api/v1/tools/read_file/invoke", "application/json", strings.NewReader(`{"agent_id":"a1","arguments":{}}`)); resp.StatusCode != 400 {
 		t.Errorf("invoke without a user: %d, want 400", resp.StatusCode)
 	}
+	// Refused before anything is made: a new user's refused call leaves
+	// no session.
+	for _, args := range []string{`{"code":"1","timeout":100000}`, `{"code":""}`, `{"command":"ls"}`} {
+		resp, b := ts.do(t, "POST", "/api/v1/tools/execute_code/invoke", "application/json",
+			strings.NewReader(`{"user_id":"u2","agent_id":"a1","arguments":`+args+`}`))
+		if resp.StatusCode != 400 {
+			t.Errorf("execute_code %s: %d %s, want 400", args, resp.StatusCode, b)
+		}
+	}
+	if resp, b := ts.do(t, "GET", "/api/v1/sessions/sb-session-u2-a1", "", nil); resp.StatusCode != 404 {
+		t.Errorf("refused calls made a session: %d %s", resp.StatusCode, b)
+	}
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -13,7 +14,9 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/mcp"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -87,50 +90,86 @@ func (s *Server) listTools(w http.ResponseWriter, r *http.Request) {
 
 // invokeTool: POST /tools/{name}/invoke (R-32).
 func (s *Server) invokeTool(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	known := false
-	for _, t := range tools {
-		known = known || t.Function.Name == name
-	}
-	if !known {
-		s.writeError(w, r, fmt.Errorf("no tool %q (see GET /api/v1/tools): %w", name, errdefs.ErrNotFound))
-		return
-	}
 	var req api.ToolInvokeRequest
 	if err := decodeJSON(r, &req, maxExecuteBody, false); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
-	if req.ConversationID != "" && !session.ValidID(req.ConversationID) {
-		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", req.ConversationID, errdefs.ErrInvalidArgument))
+	res, err := s.callTool(r.Context(), r.PathValue("name"), req)
+	if err != nil {
+		s.writeError(w, r, err)
 		return
+	}
+	writeJSON(w, http.StatusOK, res)
+}
+
+// serveMCP: /mcp?user_id=&agent_id=[&conversation_id=], the same tools over
+// MCP's streamable HTTP transport (R-32). An MCP client names no user in a
+// tool call, so the URL says whose sandbox the tools work in.
+func (s *Server) serveMCP(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	base := api.ToolInvokeRequest{UserID: q.Get("user_id"), AgentID: q.Get("agent_id"), ConversationID: q.Get("conversation_id")}
+	if _, err := agentSessionID(base.UserID, base.AgentID); err != nil {
+		s.writeError(w, r, fmt.Errorf("/mcp?user_id=&agent_id= name whose sandbox the tools use: %w", err))
+		return
+	}
+	if base.ConversationID != "" && !session.ValidID(base.ConversationID) {
+		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", base.ConversationID, errdefs.ErrInvalidArgument))
+		return
+	}
+	t := tenant(r)
+	srv := mcp.NewServer(tools, func(ctx context.Context, name string, args json.RawMessage) (*api.ToolResult, error) {
+		req := base
+		req.Arguments = args
+		return s.callTool(context.WithValue(ctx, tenantKey{}, t), name, req)
+	}, s.opt.Version)
+	mcp.Handler(srv).ServeHTTP(w, r)
+}
+
+// toolCall runs a tool, its arguments checked, in session sid.
+type toolCall func(ctx context.Context, sid string) (*api.ToolResult, error)
+
+// callTool runs tool name for req's user and agent in the tenant of ctx:
+// the tool endpoint and the MCP server (/mcp, sbx mcp) both come here.
+// Arguments are checked before the session is made, so a call that is
+// refused leaves nothing behind.
+func (s *Server) callTool(ctx context.Context, name string, req api.ToolInvokeRequest) (*api.ToolResult, error) {
+	if req.ConversationID != "" && !session.ValidID(req.ConversationID) {
+		return nil, fmt.Errorf("conversation_id %q is not a valid id: %w", req.ConversationID, errdefs.ErrInvalidArgument)
 	}
 	if len(req.Arguments) == 0 || string(req.Arguments) == "null" {
 		req.Arguments = json.RawMessage("{}")
 	}
-	r.SetPathValue("agent_id", req.AgentID)
-	sid, err := s.ensureAgentSession(r, req.UserID, "")
-	if err != nil {
-		s.writeError(w, r, err)
-		return
-	}
-	var res *api.ToolResult
+	var call toolCall
+	var err error
 	switch name {
 	case "execute_code", "run_bash":
-		res, err = s.toolRun(r, sid, name, req)
+		call, err = s.toolRun(name, req.ConversationID, req.Arguments)
 	case "upload_file":
-		res, err = s.toolUpload(r, sid, req.Arguments)
+		call, err = s.toolUpload(req.Arguments)
 	case "list_files":
-		res, err = s.toolList(r, sid, req.Arguments)
+		call, err = s.toolList(req.Arguments)
 	case "read_file":
-		res, err = s.toolRead(r, sid, req.Arguments)
+		call, err = s.toolRead(req.Arguments)
+	default:
+		return nil, fmt.Errorf("no tool %q (see GET /api/v1/tools): %w", name, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		s.writeError(w, r, err)
-		return
+		return nil, err
+	}
+	sid, err := agentSessionID(req.UserID, req.AgentID)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.ensureSession(ctx, sid, req.UserID, req.AgentID, ""); err != nil {
+		return nil, err
+	}
+	res, err := call(ctx, sid)
+	if err != nil {
+		return nil, err
 	}
 	res.SessionID = sid
-	writeJSON(w, http.StatusOK, res)
+	return res, nil
 }
 
 // arguments decodes a tool's arguments strictly: a model that invents a
@@ -153,16 +192,16 @@ func toolError(err error) (*api.ToolResult, error) {
 	return nil, err
 }
 
-func (s *Server) toolRun(r *http.Request, sid, name string, req api.ToolInvokeRequest) (*api.ToolResult, error) {
+func (s *Server) toolRun(name, conversationID string, raw json.RawMessage) (toolCall, error) {
 	var args struct {
 		Code    string  `json:"code"`
 		Command string  `json:"command"`
 		Timeout float64 `json:"timeout"`
 	}
-	if err := arguments(req.Arguments, &args); err != nil {
+	if err := arguments(raw, &args); err != nil {
 		return nil, err
 	}
-	x := api.ExecuteRequest{Code: args.Code, Timeout: args.Timeout, ConversationID: req.ConversationID, Language: "python"}
+	x := api.ExecuteRequest{Code: args.Code, Timeout: args.Timeout, ConversationID: conversationID, Language: "python"}
 	if name == "run_bash" {
 		if args.Code != "" {
 			return nil, fmt.Errorf("arguments: run_bash takes command, not code: %w", errdefs.ErrInvalidArgument)
@@ -171,16 +210,25 @@ func (s *Server) toolRun(r *http.Request, sid, name string, req api.ToolInvokeRe
 	} else if args.Command != "" {
 		return nil, fmt.Errorf("arguments: execute_code takes code, not command: %w", errdefs.ErrInvalidArgument)
 	}
-	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), sid, x)
-	if err != nil {
+	if err := execution.Check(x); err != nil {
 		return nil, err
 	}
-	select {
-	case <-run.Done():
-	case <-r.Context().Done():
-		return nil, r.Context().Err()
-	}
-	res := run.Result()
+	return func(ctx context.Context, sid string) (*api.ToolResult, error) {
+		run, err := s.opt.Executions.Submit(ctx, tenantOf(ctx), sid, x)
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case <-run.Done():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return runResult(name, run.Result())
+	}, nil
+}
+
+// runResult is what execute_code and run_bash tell the model.
+func runResult(name string, res *api.Execution) (*api.ToolResult, error) {
 	if unavailable(res) {
 		return nil, fmt.Errorf("%s (execution %s): %w", res.Error.Message, res.ExecutionID, errdefs.ErrUnavailable)
 	}
@@ -214,7 +262,7 @@ func (s *Server) toolRun(r *http.Request, sid, name string, req api.ToolInvokeRe
 	return &api.ToolResult{Content: b.String(), IsError: res.Status != api.ExecCompleted, Data: data}, nil
 }
 
-func (s *Server) toolUpload(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+func (s *Server) toolUpload(raw json.RawMessage) (toolCall, error) {
 	var args struct {
 		Path     string `json:"path"`
 		Content  string `json:"content"`
@@ -234,28 +282,30 @@ func (s *Server) toolUpload(r *http.Request, sid string, raw json.RawMessage) (*
 	default:
 		return nil, fmt.Errorf("arguments: encoding %q: want utf-8 or base64: %w", args.Encoding, errdefs.ErrInvalidArgument)
 	}
-	rel, err := workspace.CleanPath(args.Path)
-	if err != nil || rel == "." {
-		return toolError(fmt.Errorf("path %q is not a file path in the workspace: %w", args.Path, errdefs.ErrInvalidArgument))
-	}
-	if strings.HasPrefix(rel+"/", "uploads/") {
-		return toolError(fmt.Errorf("path %q: uploads/ holds the user's uploads and is read-only: %w", args.Path, errdefs.ErrInvalidArgument))
-	}
-	sess, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
-	if err != nil {
-		return nil, err
-	}
-	defer ws.Close()
-	limit := min(sess.Config.MaxUploadBytes(), toolWriteMax)
-	saved, err := ws.Save(r.Context(), rel, bytes.NewReader(content), limit, s.opt.Sessions.Owners().User, 0o644)
-	if err != nil {
-		return toolError(err)
-	}
-	data, _ := json.Marshal(saved)
-	return &api.ToolResult{Content: fmt.Sprintf("wrote %d bytes to /workspace/%s", saved.Size, saved.Path), Data: data}, nil
+	return func(ctx context.Context, sid string) (*api.ToolResult, error) {
+		rel, err := workspace.CleanPath(args.Path)
+		if err != nil || rel == "." {
+			return toolError(fmt.Errorf("path %q is not a file path in the workspace: %w", args.Path, errdefs.ErrInvalidArgument))
+		}
+		if strings.HasPrefix(rel+"/", "uploads/") {
+			return toolError(fmt.Errorf("path %q: uploads/ holds the user's uploads and is read-only: %w", args.Path, errdefs.ErrInvalidArgument))
+		}
+		sess, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		if err != nil {
+			return nil, err
+		}
+		defer ws.Close()
+		limit := min(sess.Config.MaxUploadBytes(), toolWriteMax)
+		saved, err := ws.Save(ctx, rel, bytes.NewReader(content), limit, s.opt.Sessions.Owners().User, 0o644)
+		if err != nil {
+			return toolError(err)
+		}
+		data, _ := json.Marshal(saved)
+		return &api.ToolResult{Content: fmt.Sprintf("wrote %d bytes to /workspace/%s", saved.Size, saved.Path), Data: data}, nil
+	}, nil
 }
 
-func (s *Server) toolList(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+func (s *Server) toolList(raw json.RawMessage) (toolCall, error) {
 	var args struct {
 		Path      string `json:"path"`
 		Recursive bool   `json:"recursive"`
@@ -263,37 +313,39 @@ func (s *Server) toolList(r *http.Request, sid string, raw json.RawMessage) (*ap
 	if err := arguments(raw, &args); err != nil {
 		return nil, err
 	}
-	rel, err := workspace.CleanPath(args.Path)
-	if err != nil {
-		return toolError(err)
-	}
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
-	if err != nil {
-		return nil, err
-	}
-	defer ws.Close()
-	entries, truncated, err := ws.List(rel, args.Recursive, maxListEntries)
-	if err != nil {
-		return toolError(err)
-	}
-	out := api.FileList{Files: make([]api.FileEntry, 0, len(entries)), Truncated: truncated}
-	var b strings.Builder
-	for _, e := range entries {
-		out.Files = append(out.Files, api.FileEntry{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, ModifiedAt: e.ModTime.UTC()})
-		if e.Type == "dir" {
-			fmt.Fprintf(&b, "%s/\n", e.Path)
-		} else {
-			fmt.Fprintf(&b, "%s (%d bytes)\n", e.Path, e.Size)
+	return func(ctx context.Context, sid string) (*api.ToolResult, error) {
+		rel, err := workspace.CleanPath(args.Path)
+		if err != nil {
+			return toolError(err)
 		}
-	}
-	if len(entries) == 0 {
-		b.WriteString("(empty)\n")
-	}
-	if truncated {
-		fmt.Fprintf(&b, "(only the first %d entries)\n", maxListEntries)
-	}
-	data, _ := json.Marshal(out)
-	return &api.ToolResult{Content: b.String(), Data: data}, nil
+		_, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		if err != nil {
+			return nil, err
+		}
+		defer ws.Close()
+		entries, truncated, err := ws.List(rel, args.Recursive, maxListEntries)
+		if err != nil {
+			return toolError(err)
+		}
+		out := api.FileList{Files: make([]api.FileEntry, 0, len(entries)), Truncated: truncated}
+		var b strings.Builder
+		for _, e := range entries {
+			out.Files = append(out.Files, api.FileEntry{Name: e.Name, Path: e.Path, Type: e.Type, Size: e.Size, ModifiedAt: e.ModTime.UTC()})
+			if e.Type == "dir" {
+				fmt.Fprintf(&b, "%s/\n", e.Path)
+			} else {
+				fmt.Fprintf(&b, "%s (%d bytes)\n", e.Path, e.Size)
+			}
+		}
+		if len(entries) == 0 {
+			b.WriteString("(empty)\n")
+		}
+		if truncated {
+			fmt.Fprintf(&b, "(only the first %d entries)\n", maxListEntries)
+		}
+		data, _ := json.Marshal(out)
+		return &api.ToolResult{Content: b.String(), Data: data}, nil
+	}, nil
 }
 
 // readResult is read_file's structured result.
@@ -308,7 +360,7 @@ type readResult struct {
 	Content    string `json:"content"`
 }
 
-func (s *Server) toolRead(r *http.Request, sid string, raw json.RawMessage) (*api.ToolResult, error) {
+func (s *Server) toolRead(raw json.RawMessage) (toolCall, error) {
 	var args struct {
 		Path   string `json:"path"`
 		Offset int64  `json:"offset"`
@@ -323,52 +375,54 @@ func (s *Server) toolRead(r *http.Request, sid string, raw json.RawMessage) (*ap
 	if args.Offset < 0 || args.Length < 1 || args.Length > toolReadMax {
 		return nil, fmt.Errorf("arguments: offset must be >= 0 and length 1..%d: %w", toolReadMax, errdefs.ErrInvalidArgument)
 	}
-	rel, err := workspace.CleanPath(args.Path)
-	if err != nil {
-		return toolError(err)
-	}
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), sid)
-	if err != nil {
-		return nil, err
-	}
-	defer ws.Close()
-	f, fi, err := ws.Open(rel)
-	if err != nil {
-		return toolError(err)
-	}
-	defer f.Close()
-	buf := make([]byte, args.Length)
-	n, err := f.ReadAt(buf, args.Offset)
-	if err != nil && err != io.EOF {
-		return nil, err
-	}
-	buf = buf[:n]
-	next := args.Offset + int64(n)
-	// A part cut in the middle of a UTF-8 character is still text: the
-	// cut character's bytes go to the next part.
-	if next < fi.Size() {
-		for k := 0; k < 3 && len(buf) > 0 && !utf8.Valid(buf); k++ {
-			buf = buf[:len(buf)-1]
-			next--
+	return func(ctx context.Context, sid string) (*api.ToolResult, error) {
+		rel, err := workspace.CleanPath(args.Path)
+		if err != nil {
+			return toolError(err)
 		}
-	}
-	out := readResult{Path: rel, Size: fi.Size(), Offset: args.Offset, Length: len(buf), NextOffset: next, EOF: next >= fi.Size(), Encoding: "utf-8"}
-	if utf8.Valid(buf) {
-		out.Content = string(buf)
-	} else {
-		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(buf)
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s: bytes %d-%d of %d", rel, args.Offset, next, fi.Size())
-	if out.EOF {
-		b.WriteString(" (end of file)")
-	} else {
-		fmt.Fprintf(&b, " (more: read again with offset %d)", next)
-	}
-	if out.Encoding == "base64" {
-		b.WriteString(", binary, base64")
-	}
-	b.WriteString(":\n" + out.Content)
-	data, _ := json.Marshal(out)
-	return &api.ToolResult{Content: b.String(), Data: data}, nil
+		_, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		if err != nil {
+			return nil, err
+		}
+		defer ws.Close()
+		f, fi, err := ws.Open(rel)
+		if err != nil {
+			return toolError(err)
+		}
+		defer f.Close()
+		buf := make([]byte, args.Length)
+		n, err := f.ReadAt(buf, args.Offset)
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
+		buf = buf[:n]
+		next := args.Offset + int64(n)
+		// A part cut in the middle of a UTF-8 character is still text: the
+		// cut character's bytes go to the next part.
+		if next < fi.Size() {
+			for k := 0; k < 3 && len(buf) > 0 && !utf8.Valid(buf); k++ {
+				buf = buf[:len(buf)-1]
+				next--
+			}
+		}
+		out := readResult{Path: rel, Size: fi.Size(), Offset: args.Offset, Length: len(buf), NextOffset: next, EOF: next >= fi.Size(), Encoding: "utf-8"}
+		if utf8.Valid(buf) {
+			out.Content = string(buf)
+		} else {
+			out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(buf)
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s: bytes %d-%d of %d", rel, args.Offset, next, fi.Size())
+		if out.EOF {
+			b.WriteString(" (end of file)")
+		} else {
+			fmt.Fprintf(&b, " (more: read again with offset %d)", next)
+		}
+		if out.Encoding == "base64" {
+			b.WriteString(", binary, base64")
+		}
+		b.WriteString(":\n" + out.Content)
+		data, _ := json.Marshal(out)
+		return &api.ToolResult{Content: b.String(), Data: data}, nil
+	}, nil
 }
