@@ -334,3 +334,46 @@ class ToolResult:
     session_id: str = ""
     data: Any = None
     raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class NamedResource:
+    """One resource of a manifest (R-34): its name under the resources
+    directory, and its content's SHA-256 (lowercase hex) and size."""
+
+    name: str = ""
+    sha256: str = ""
+    size: int = 0
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class ResourceSync:
+    """What :meth:`Client.sync_resources` did. ``path`` is where the sandbox
+    sees the resources (``/workspace/.resources``); ``complete`` that all of
+    the manifest is in place; ``needed`` what the server still lacks (empty
+    when complete); ``added``, ``changed``, ``removed`` name what changed and
+    ``unchanged`` counts the rest. ``uploaded`` names the resources whose
+    content went over the wire, ``requests`` counts the HTTP requests the
+    sync took (1 when nothing changed). ``raw`` is the server's last
+    answer."""
+
+    path: str = ""
+    complete: bool = False
+    needed: List[NamedResource] = _nested_list(NamedResource)
+    added: List[str] = field(default_factory=list)
+    changed: List[str] = field(default_factory=list)
+    removed: List[str] = field(default_factory=list)
+    unchanged: int = 0
+    uploaded: List[str] = field(default_factory=list)
+    requests: int = 0
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class ResourceList:
+    """A session's resources in place, and where the sandbox sees them."""
+
+    path: str = ""
+    resources: List[NamedResource] = _nested_list(NamedResource)
+    raw: Dict[str, Any] = _raw()

@@ -415,6 +415,63 @@ class FilesTest(unittest.TestCase):
 
 
 @unittest.skipUnless(URL, SKIP)
+class ResourcesTest(unittest.TestCase):
+    """R-34 as an agent platform uses it: an agent's skills kept in step
+    with its session; what did not change never goes over the wire again."""
+
+    def test_sync(self):
+        c = client()
+        self.addCleanup(c.close)
+        user = uid("py-res-")
+        sid = c.ensure_session(user, "skilled")
+        self.addCleanup(delete_quietly, c, sid)
+        skills = {
+            "skills/pdf/SKILL.md": b"# Reading PDFs\nUse pypdf.\n",
+            "skills/csv/SKILL.md": "# CSV \u20ac\nUse pandas.\n",
+            "commands/report.sh": b"#!/bin/sh\necho report\n",
+        }
+        got = c.sync_resources(sid, skills)
+        self.assertTrue(got.complete)
+        self.assertEqual(sorted(got.uploaded), sorted(skills))
+        self.assertEqual(got.path, "/workspace/.resources")
+
+        # Unchanged: one request, nothing transferred.
+        got = c.sync_resources(sid, skills)
+        self.assertEqual((got.requests, got.uploaded, got.unchanged, got.added), (1, [], 3, []))
+
+        # A changed skill transfers only itself; a dropped one goes away.
+        skills["skills/pdf/SKILL.md"] = b"# Reading PDFs\nUse pypdf, page by page.\n"
+        del skills["commands/report.sh"]
+        got = c.sync_resources(sid, skills)
+        self.assertEqual(got.uploaded, ["skills/pdf/SKILL.md"])
+        self.assertEqual((got.changed, got.removed), (["skills/pdf/SKILL.md"], ["commands/report.sh"]))
+        self.assertEqual([r.name for r in c.list_resources(sid).resources], sorted(skills))
+
+        # The sandbox sees them, read-only.
+        x = c.execute(sid, (
+            "import os\n"
+            "base = '/workspace/.resources'\n"
+            "pdf = open(base + '/skills/pdf/SKILL.md').read()\n"
+            "try:\n"
+            "    open(base + '/skills/pdf/SKILL.md', 'w').write('x')\n"
+            "    wrote = True\n"
+            "except OSError:\n"
+            "    wrote = False\n"
+            "return [pdf, os.path.exists(base + '/commands/report.sh'), wrote]"
+        ))
+        self.assertEqual(x.status, "completed", x.error)
+        self.assertEqual(x.return_value, ["# Reading PDFs\nUse pypdf, page by page.\n", False, False])
+
+        # Another session with the same skills uploads nothing: content is
+        # stored once.
+        other = c.ensure_session(user, "skilled-too")
+        self.addCleanup(delete_quietly, c, other)
+        got = c.sync_resources(other, skills)
+        self.assertTrue(got.complete)
+        self.assertEqual((got.uploaded, got.requests), ([], 1))
+
+
+@unittest.skipUnless(URL, SKIP)
 class SessionsTest(unittest.TestCase):
     def test_lifecycle_and_snapshots(self):
         c = client()
