@@ -50,6 +50,10 @@ const (
 	ExecCancelled = "cancelled"
 )
 
+// ErrTypeSandboxUnavailable is the error type of an execution that never
+// ran because no sandbox could be had: submitting it again is safe.
+const ErrTypeSandboxUnavailable = "SandboxUnavailable"
+
 // Error is every error response: {"error":{"code","message"}}.
 type Error struct {
 	Error ErrorBody `json:"error"`

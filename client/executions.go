@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -37,18 +38,127 @@ func (c *Client) Submit(ctx context.Context, sessionID string, req api.ExecuteRe
 	return &out, nil
 }
 
-// Execute runs code and waits for the result. When the server cannot get
-// a sandbox, the error is IsUnavailable and says when to retry.
+// Waiting for a result: a call that found no sandbox (503) or was
+// told to slow down (429) is tried again after a pause that doubles from
+// pollMinDelay to pollMaxDelay, or the server's Retry-After, at most
+// pollMaxFailures times in a row. WaitResult's long polls are held by the
+// server for pollWindow each.
+const (
+	pollWindow      = 30 * time.Second
+	pollMaxFailures = 8
+)
+
+// Variables for tests.
+var (
+	pollMinDelay = 50 * time.Millisecond
+	pollMaxDelay = 2 * time.Second
+)
+
+// Execute runs code and waits for the result, in one request: the server
+// answers when the run is over. When no sandbox can be had the server
+// runs nothing and answers 503, and Execute submits again with backoff;
+// after pollMaxFailures such answers the error is IsUnavailable. For runs
+// of many minutes, or through proxies that cut long requests, use Submit
+// and WaitResult, which need no connection held for the whole run.
 func (c *Client) Execute(ctx context.Context, sessionID string, req api.ExecuteRequest) (*api.Execution, error) {
 	p, err := sessionPath(sessionID, "/execute")
 	if err != nil {
 		return nil, err
 	}
-	var out api.Execution
-	if _, err := c.call(ctx, http.MethodPost, p, url.Values{"wait": {"true"}}, req, &out, http.StatusOK); err != nil {
-		return nil, err
+	b := backoff{}
+	for {
+		var out api.Execution
+		_, err := c.call(ctx, http.MethodPost, p, url.Values{"wait": {"true"}}, req, &out, http.StatusOK)
+		if err == nil {
+			return &out, nil
+		}
+		if err := b.wait(ctx, err); err != nil {
+			return nil, err
+		}
 	}
-	return &out, nil
+}
+
+// WaitResult waits until execution id is over and returns it with its
+// result, long-polling GetResult (each poll held up to 30 s). Polls that
+// fail with 503, 429 or a transport error are retried with backoff, at
+// most 8 in a row. An execution that never ran because no sandbox could
+// be had is an IsUnavailable error. ctx bounds the wait.
+func (c *Client) WaitResult(ctx context.Context, id string) (*api.Execution, error) {
+	b := backoff{transport: true}
+	early := pollMinDelay
+	for {
+		start := time.Now()
+		x, err := c.GetResult(ctx, id, true, pollWindow)
+		if err != nil {
+			if err := b.wait(ctx, err); err != nil {
+				return nil, fmt.Errorf("waiting for execution %s: %w", id, err)
+			}
+			continue
+		}
+		b.failures = 0
+		switch x.Status {
+		case api.ExecCompleted, api.ExecFailed, api.ExecTimeout, api.ExecCancelled:
+			if x.Error != nil && x.Error.Type == api.ErrTypeSandboxUnavailable {
+				return nil, &APIError{StatusCode: http.StatusServiceUnavailable, Code: CodeUnavailable,
+					Message: fmt.Sprintf("%s (execution %s)", x.Error.Message, id)}
+			}
+			return x, nil
+		}
+		// The server held the poll as asked: poll again at once. It came
+		// back early: pause first.
+		if pause := early - time.Since(start); pause > 0 {
+			select {
+			case <-time.After(pause):
+			case <-ctx.Done():
+				return nil, fmt.Errorf("waiting for execution %s: %w", id, ctx.Err())
+			}
+		}
+		early = min(early*2, pollMaxDelay)
+	}
+}
+
+// backoff paces the retries of one call.
+type backoff struct {
+	failures int
+	delay    time.Duration
+	// transport: a request that got no answer may be retried too (safe
+	// for reads, not for a submit that may have arrived).
+	transport bool
+}
+
+// wait returns err if it is not worth another try, else sleeps the pause
+// before the next one.
+func (b *backoff) wait(ctx context.Context, err error) error {
+	var ae *APIError
+	switch {
+	case ctx.Err() != nil:
+		return err
+	case errors.As(err, &ae):
+		if ae.StatusCode != http.StatusServiceUnavailable && ae.StatusCode != http.StatusTooManyRequests {
+			return err
+		}
+	case !b.transport:
+		return err
+	}
+	if b.failures++; b.failures >= pollMaxFailures {
+		return err
+	}
+	if b.delay == 0 {
+		b.delay = pollMinDelay
+	}
+	pause := b.delay
+	if ae != nil && ae.RetryAfter > 0 {
+		pause = ae.RetryAfter
+	}
+	b.delay = min(b.delay*2, pollMaxDelay)
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return err
+	}
 }
 
 // ExecuteStream runs code, calls onOutput (if not nil) with each piece of

@@ -32,7 +32,7 @@ import (
 // Error types the control plane gives executions that never got to run or
 // whose end it could not see.
 const (
-	ErrTypeUnavailable    = "SandboxUnavailable"
+	ErrTypeUnavailable    = api.ErrTypeSandboxUnavailable
 	ErrTypeSandboxLost    = "SandboxLost"
 	ErrTypeServerRestart  = "ServerRestarted"
 	ErrTypeSessionDeleted = "SessionDeleted"
