@@ -36,6 +36,7 @@ var (
 // its own data directory.
 type controlPlane struct {
 	app    *server.App
+	url    string
 	c      *client.Client
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -60,7 +61,8 @@ func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), con
 	if err != nil {
 		log.Fatal(err)
 	}
-	cp := &controlPlane{app: app, c: client.New("http://" + ln.Addr().String()), cancel: cancel, done: make(chan struct{})}
+	url := "http://" + ln.Addr().String()
+	cp := &controlPlane{app: app, url: url, c: client.New(url), cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(cp.done)
 		app.Serve(ctx, ln)
