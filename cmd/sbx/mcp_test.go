@@ -4,32 +4,16 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/runtime"
-	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
 // `sbx mcp` on pipes, the Go SDK's client on the other end, a real server
 // (no sandboxes) behind it.
 func TestMCPStdio(t *testing.T) {
-	dir := t.TempDir()
-	app, err := server.Open(context.Background(), server.Config{
-		DataDir: dir, StateDir: filepath.Join(dir, "state"), TemplateDir: filepath.Join(dir, "templates"),
-		Runtime: func(string) (runtime.Runtime, error) { return nil, errdefs.ErrUnavailable },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := httptest.NewServer(app.Server.Handler())
-	defer app.Close()
-	defer ts.Close()
+	ts := startServer(t)
 
 	var stderr bytes.Buffer
 	if code := run(context.Background(), []string{"mcp", "--server", ts.URL, "--user", "u1"}, io.Discard, &stderr); code != 2 {

@@ -16,8 +16,10 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
-// `sbx session resources ID DIR` against a real server (no sandboxes).
-func TestSessionResources(t *testing.T) {
+// startServer runs a real server without sandboxes (every call but an
+// execution works) until the test ends.
+func startServer(t *testing.T) *httptest.Server {
+	t.Helper()
 	dir := t.TempDir()
 	app, err := server.Open(context.Background(), server.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), TemplateDir: filepath.Join(dir, "templates"),
@@ -27,8 +29,17 @@ func TestSessionResources(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := httptest.NewServer(app.Server.Handler())
-	defer app.Close()
-	defer ts.Close()
+	t.Cleanup(func() {
+		ts.Close()
+		app.Close()
+	})
+	return ts
+}
+
+// `sbx session resources ID DIR` against a real server (no sandboxes).
+func TestSessionResources(t *testing.T) {
+	dir := t.TempDir()
+	ts := startServer(t)
 	if _, _, err := client.New(ts.URL).CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "s"}); err != nil {
 		t.Fatal(err)
 	}
