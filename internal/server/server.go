@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/cas"
+	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -50,6 +51,7 @@ type Server struct {
 	opt Options
 	log *slog.Logger
 	mux *http.ServeMux
+	e2b http.Handler // the E2B-compatible APIs (e2b.go)
 }
 
 // New returns the server; Handler is what to serve.
@@ -62,6 +64,7 @@ func New(opt Options) *Server {
 	}
 	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux()}
 	s.routes()
+	s.e2b = s.newE2B()
 	return s
 }
 
@@ -121,7 +124,13 @@ func (s *Server) handle(pattern string, h http.HandlerFunc) {
 
 // Handler is the whole API with its middleware.
 func (s *Server) Handler() http.Handler {
-	return s.observe(s.recoverPanics(s.mux))
+	return s.observe(s.recoverPanics(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if e2b.Matches(r) {
+			s.e2b.ServeHTTP(w, r)
+			return
+		}
+		s.mux.ServeHTTP(w, r)
+	})))
 }
 
 // decodeJSON reads a JSON object into v: at most limit bytes, no unknown
