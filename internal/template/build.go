@@ -50,13 +50,15 @@ rm -f /etc/hostname /etc/resolv.conf /usr/sbin/policy-rc.d
 
 // configureScript gives every template what the sandboxes expect: the
 // unprivileged user code runs as, and the mount points (a read-only root
-// cannot create them at run time).
+// cannot create them at run time). /home/user is the workspace by another
+// name, where code written for E2B sandboxes keeps its files.
 const configureScript = `set -e
 groupadd --gid 1000 user
 useradd --uid 1000 --gid 1000 --home-dir /tmp --no-create-home --shell /bin/bash user
-mkdir -p /workspace /tmp /run/sbx /opt/sbx /proc /sys /dev
+mkdir -p /workspace /tmp /run/sbx /opt/sbx /proc /sys /dev /home
 chmod 1777 /tmp
 chmod 0755 /workspace /run/sbx /opt/sbx
+ln -sfn /workspace /home/user
 `
 
 // writeFileScript writes standard input to $1 with mode $2. It runs inside

@@ -23,6 +23,9 @@ test('write and read text', async () => {
   assert.equal(await sbx.files.read('hello.txt'), 'hello, sbx')
   // The same file, seen by a command.
   assert.equal((await sbx.commands.run('cat /workspace/hello.txt')).stdout, 'hello, sbx')
+  // E2B code names its home literally; it is there.
+  assert.equal((await sbx.commands.run('cat /home/user/hello.txt')).stdout, 'hello, sbx')
+  assert.equal((await sbx.commands.run('cd /home/user && cat hello.txt && pwd')).stdout, 'hello, sbx/home/user\n')
 })
 
 test('a file written by a command can be read', async () => {

@@ -99,3 +99,12 @@ test('commands and files work in the interpreter sandbox', async () => {
   assert.equal(await sbx.files.read('from_py.txt'), 'py')
   assert.equal((await sbx.commands.run('python3 -c "print(6*7)"')).stdout, '42\n')
 })
+
+test('a dataset written to /home/user is read by code there', async () => {
+  // The pattern of E2B's own examples: upload a CSV to the home
+  // directory, analyse it with pandas under its absolute path.
+  await sbx.files.write('/home/user/data.csv', 'x,y\n1,2\n3,4\n5,6\n')
+  const e = await sbx.runCode("import pandas as pd\ndf = pd.read_csv('/home/user/data.csv')\nint(df['y'].sum())")
+  assert.equal(e.error, undefined, e.error && e.error.traceback)
+  assert.equal(e.text, '12')
+})
