@@ -3,7 +3,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -52,15 +51,7 @@ func TestE2BCompat(t *testing.T) {
 		cmd.Dir = suite
 		cmd.Env = append(os.Environ(), "npm_config_yes=true", "npm_config_update_notifier=false", "npm_config_fund=false", "npm_config_audit=false")
 		cmd.Env = append(cmd.Env, extraEnv...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		start := time.Now()
-		err := cmd.Run()
-		t.Logf("%s: %s (%v)", name, strings.Join(cmd.Args, " "), time.Since(start).Round(time.Millisecond))
-		if err != nil {
-			t.Fatalf("%s failed: %v\n%s", name, err, out.String())
-		}
-		return out.String()
+		return runCommand(t, name, cmd)
 	}
 	if _, err := os.Stat(filepath.Join(suite, "node_modules", "e2b")); err != nil {
 		// npm ci installs exactly the lockfile's versions.

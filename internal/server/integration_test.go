@@ -10,6 +10,7 @@ import (
 	"image/png"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -66,6 +67,21 @@ func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *rea
 		destroySandboxes(t, rt)
 	})
 	return rs
+}
+
+// runCommand runs cmd with its output captured, logs what ran and how long
+// it took, and fails the test, showing the output, if cmd fails.
+func runCommand(t *testing.T, name string, cmd *exec.Cmd) string {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err := cmd.Run()
+	t.Logf("%s: %s (%v)", name, strings.Join(cmd.Args, " "), time.Since(start).Round(time.Millisecond))
+	if err != nil {
+		t.Fatalf("%s failed: %v\n%s", name, err, out.String())
+	}
+	return out.String()
 }
 
 // destroySandboxes destroys every sandbox of rt's state directory: a

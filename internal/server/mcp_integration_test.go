@@ -3,13 +3,11 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -33,18 +31,7 @@ func TestMCPNode(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	run := func(name string, cmd *exec.Cmd) string {
-		t.Helper()
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		start := time.Now()
-		err := cmd.Run()
-		t.Logf("%s: %s (%v)", name, strings.Join(cmd.Args, " "), time.Since(start).Round(time.Millisecond))
-		if err != nil {
-			t.Fatalf("%s failed: %v\n%s", name, err, out.String())
-		}
-		return out.String()
-	}
+	run := func(name string, cmd *exec.Cmd) string { return runCommand(t, name, cmd) }
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk", "package.json")); err != nil {
 		cmd := exec.CommandContext(ctx, "npm", "ci", "--no-audit", "--no-fund")
 		cmd.Dir = dir

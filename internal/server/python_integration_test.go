@@ -3,7 +3,6 @@
 package server_test
 
 import (
-	"bytes"
 	"context"
 	"io/fs"
 	"os"
@@ -49,15 +48,7 @@ func TestPythonClient(t *testing.T) {
 		cmd.Dir = work // not the package's directory: the tests must import the installed package
 		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "PIP_NO_INPUT=1", "PIP_DISABLE_PIP_VERSION_CHECK=1")
 		cmd.Env = append(cmd.Env, extraEnv...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		start := time.Now()
-		err := cmd.Run()
-		t.Logf("%s: %s (%v)", name, strings.Join(cmd.Args, " "), time.Since(start).Round(time.Millisecond))
-		if err != nil {
-			t.Fatalf("%s failed: %v\n%s", name, err, out.String())
-		}
-		return out.String()
+		return runCommand(t, name, cmd)
 	}
 
 	run("pip install", nil, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--no-index", "--target", site, pkg)
