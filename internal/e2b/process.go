@@ -330,6 +330,17 @@ func endEvent(x *api.Execution) (map[string]any, error) {
 	return end, nil
 }
 
+// findProcess finds the process sel names in the request's sandbox, and
+// the tenant it belongs to.
+func (h *Handler) findProcess(r *http.Request, sel selector) (*proc, string, error) {
+	id, tenant, err := h.sandboxTenant(r, false)
+	if err != nil {
+		return nil, "", err
+	}
+	p, err := h.procs.find(tenant, id, sel)
+	return p, tenant, err
+}
+
 // connect: process.Process/Connect: follow a command started earlier,
 // from now on.
 func (h *Handler) connect(w http.ResponseWriter, r *http.Request) {
@@ -340,12 +351,7 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) {
 		h.unaryError(w, r, err)
 		return
 	}
-	id, tenant, err := h.sandboxTenant(r, false)
-	if err != nil {
-		h.unaryError(w, r, err)
-		return
-	}
-	p, err := h.procs.find(tenant, id, req.Process)
+	p, _, err := h.findProcess(r, req.Process)
 	if err != nil {
 		h.unaryError(w, r, err)
 		return
@@ -404,12 +410,7 @@ func (h *Handler) sendSignal(w http.ResponseWriter, r *http.Request) {
 		h.unaryError(w, r, invalid("signal %v: want SIGNAL_SIGKILL or SIGNAL_SIGTERM", req.Signal))
 		return
 	}
-	id, tenant, err := h.sandboxTenant(r, false)
-	if err != nil {
-		h.unaryError(w, r, err)
-		return
-	}
-	p, err := h.procs.find(tenant, id, req.Process)
+	p, tenant, err := h.findProcess(r, req.Process)
 	if err != nil {
 		h.unaryError(w, r, err)
 		return
