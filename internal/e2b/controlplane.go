@@ -182,16 +182,20 @@ func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(tenant, sess, false))
 }
 
-// newSandboxID makes an id like E2B's: 20 lowercase letters and digits,
-// unguessable (it is what in-sandbox calls name).
+// newSandboxID makes an id like E2B's: "i" and 19 lowercase letters and
+// digits drawn uniformly (about 98 bits), unguessable: it is what
+// in-sandbox calls name.
 func newSandboxID() string {
 	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	b := make([]byte, 20)
-	rand.Read(b)
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
+	id := []byte{'i'}
+	b := make([]byte, 1)
+	for len(id) < 20 {
+		rand.Read(b)
+		if int(b[0]) < 256/len(alphabet)*len(alphabet) { // no modulo bias
+			id = append(id, alphabet[int(b[0])%len(alphabet)])
+		}
 	}
-	return "i" + string(b[1:])
+	return string(id)
 }
 
 // sandboxJSON describes a session as E2B does; detail adds what

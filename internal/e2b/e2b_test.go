@@ -163,12 +163,12 @@ func TestCommandCode(t *testing.T) {
 		cfg  processConfig
 		want string
 	}{
-		{processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo hi"}}, "echo hi"},
-		{processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "pwd"}, Cwd: str("/home/user")}, "pwd"},
-		{processConfig{Cmd: "/bin/bash", Args: []string{"-c", "pwd"}, Cwd: str("/home/user/sub")}, "cd -- '/workspace/sub' || exit 1\npwd"},
+		{processConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "echo hi"}}, "cd -- '/home/user' || exit 1\necho hi"},
+		{processConfig{Cmd: "/bin/bash", Args: []string{"-c", "pwd"}, Cwd: str("sub")}, "cd -- '/home/user/sub' || exit 1\npwd"},
+		{processConfig{Cmd: "/bin/bash", Args: []string{"-c", "pwd"}, Cwd: str("~/a/../b")}, "cd -- '/home/user/b' || exit 1\npwd"},
 		{processConfig{Cmd: "/bin/bash", Args: []string{"-c", "pwd"}, Cwd: str("/tmp/it's")}, "cd -- '/tmp/it'\\''s' || exit 1\npwd"},
-		{processConfig{Cmd: "bash", Args: []string{"-c", "echo $1", "name", "arg one"}}, "set -- 'arg one'\necho $1"},
-		{processConfig{Cmd: "/usr/bin/python3", Args: []string{"-c", "print('x')"}}, "exec '/usr/bin/python3' '-c' 'print('\\''x'\\'')'"},
+		{processConfig{Cmd: "bash", Args: []string{"-c", "echo $1", "name", "arg one"}}, "cd -- '/home/user' || exit 1\nset -- 'arg one'\necho $1"},
+		{processConfig{Cmd: "/usr/bin/python3", Args: []string{"-c", "print('x')"}}, "cd -- '/home/user' || exit 1\nexec '/usr/bin/python3' '-c' 'print('\\''x'\\'')'"},
 	}
 	for _, tc := range cases {
 		got, err := commandCode(tc.cfg)

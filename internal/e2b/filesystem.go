@@ -229,8 +229,25 @@ func (h *Handler) listDir(ws *session.Files, p string, depth uint32) (any, error
 	return out, nil
 }
 
-func (h *Handler) makeDir(ws *session.Files, p string) (any, error) {
+// writable resolves a path a call will write, move or remove: not the
+// workspace itself, nor what sbx keeps there on its own.
+func writable(p string) (sandboxPath, error) {
 	sp, err := resolve(p)
+	if err != nil {
+		return sp, err
+	}
+	rel, err := workspace.CleanPath(sp.Rel)
+	if err != nil {
+		return sp, err
+	}
+	if why := workspace.Managed(rel); why != "" {
+		return sp, fmt.Errorf("path %q: %s: %w", p, why, errdefs.ErrInvalidArgument)
+	}
+	return sp, nil
+}
+
+func (h *Handler) makeDir(ws *session.Files, p string) (any, error) {
+	sp, err := writable(p)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +258,7 @@ func (h *Handler) makeDir(ws *session.Files, p string) (any, error) {
 }
 
 func (h *Handler) remove(ws *session.Files, p string) (any, error) {
-	sp, err := resolve(p)
+	sp, err := writable(p)
 	if err != nil {
 		return nil, err
 	}
@@ -252,11 +269,11 @@ func (h *Handler) remove(ws *session.Files, p string) (any, error) {
 }
 
 func (h *Handler) move(ws *session.Files, from, to string) (any, error) {
-	src, err := resolve(from)
+	src, err := writable(from)
 	if err != nil {
 		return nil, err
 	}
-	dst, err := resolve(to)
+	dst, err := writable(to)
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +329,7 @@ func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 	max := sess.Config.MaxUploadBytes()
 	owner := h.opt.Sessions.Owners().User
 	save := func(p string, body io.Reader) (writtenFile, error) {
-		sp, err := resolve(p)
+		sp, err := writable(p)
 		if err != nil {
 			return writtenFile{}, err
 		}

@@ -67,28 +67,21 @@ func (sp sandboxPath) show(rel string) string {
 	return sp.Base + "/" + rel
 }
 
-// cwd maps a command's working directory into the sandbox: /home/user
-// (E2B's default) is the workspace; other absolute directories are the
-// sandbox's own (/tmp, say).
+// cwd is a command's or a context's working directory in the sandbox:
+// "" is E2B's default, the home /home/user; ~ and relative directories
+// are under it. Every sbx template has /home/user as a symlink to the
+// workspace, so it needs no mapping here.
 func cwd(dir string) (string, error) {
-	if dir == "" {
-		return workspaceDir, nil
-	}
 	if strings.IndexByte(dir, 0) >= 0 {
 		return "", fmt.Errorf("cwd contains NUL: %w", errdefs.ErrInvalidArgument)
 	}
-	if !strings.HasPrefix(dir, "/") && !strings.HasPrefix(dir, "~") {
+	switch {
+	case dir == "":
+		dir = homeDir
+	case dir == "~" || strings.HasPrefix(dir, "~/"):
+		dir = homeDir + dir[1:]
+	case !strings.HasPrefix(dir, "/"):
 		dir = homeDir + "/" + dir
 	}
-	if dir == "~" || strings.HasPrefix(dir, "~/") {
-		dir = homeDir + strings.TrimPrefix(dir, "~")
-	}
-	clean := path.Clean(dir)
-	if clean == homeDir {
-		return workspaceDir, nil
-	}
-	if rest, ok := strings.CutPrefix(clean, homeDir+"/"); ok {
-		return workspaceDir + "/" + rest, nil
-	}
-	return clean, nil
+	return path.Clean(dir), nil
 }

@@ -177,10 +177,7 @@ func commandCode(cfg processConfig) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if wd != workspaceDir {
-		code = "cd -- " + shellQuote(wd) + " || exit 1\n" + code
-	}
-	return code, nil
+	return "cd -- " + shellQuote(wd) + " || exit 1\n" + code, nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
@@ -231,7 +228,7 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 		env = map[string]string{}
 	}
 	if _, ok := env["HOME"]; !ok {
-		env["HOME"] = workspaceDir // E2B's home is the workspace here
+		env["HOME"] = homeDir // E2B's home: the workspace, through the templates' symlink
 	}
 	// A deadline on the call bounds the command, as envd's does; without
 	// one it may run as long as the executor allows.

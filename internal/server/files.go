@@ -183,8 +183,8 @@ func (s *Server) saveFile(r *http.Request, sess *session.Session, ws *session.Fi
 	if f.conversation != "" {
 		dest = path.Join(workspace.ConversationDir(f.conversation), rel)
 		owner, sandboxPath = owners.Root, path.Join(tempareaMount, rel)
-	} else if dest == "uploads" || strings.HasPrefix(dest, "uploads/") {
-		return nil, fmt.Errorf("upload: uploads/ holds the conversations' temp areas; upload there with conversation_id: %w", errdefs.ErrInvalidArgument)
+	} else if why := workspace.Managed(dest); why != "" {
+		return nil, fmt.Errorf("upload: %q: %s: %w", dest, why, errdefs.ErrInvalidArgument)
 	}
 	max := sess.Config.MaxUploadBytes()
 	info, err := ws.Save(r.Context(), dest, part, max, owner, 0o644)
@@ -312,8 +312,10 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	if rel == "." || rel == "uploads" {
-		s.writeError(w, r, fmt.Errorf("path %q cannot be deleted (delete the session, or a conversation, instead): %w", rel, errdefs.ErrInvalidArgument))
+	// A conversation's uploads may go one by one here (their records go
+	// with them); the rest of what sbx manages may not.
+	if why := workspace.Managed(rel); why != "" && (rel == "uploads" || !strings.HasPrefix(rel, "uploads/")) {
+		s.writeError(w, r, fmt.Errorf("path %q cannot be deleted: %s: %w", rel, why, errdefs.ErrInvalidArgument))
 		return
 	}
 	t, sid := tenant(r), r.PathValue("session_id")

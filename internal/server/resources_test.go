@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 func TestResourceSync(t *testing.T) {
@@ -82,6 +85,19 @@ func TestResourceSync(t *testing.T) {
 	b, _ := os.Stat(filepath.Join(ts.dir, "workspaces", "default", "r2", ".resources", "skills/xlsx/SKILL.md"))
 	if !os.SameFile(a, b) {
 		t.Fatal("two sessions hold two copies of one resource")
+	}
+
+	// Only resource sync changes them: the file endpoints refuse.
+	if _, err := c.Upload(ctx, "r1", client.UploadOptions{Path: ".resources/skills/pdf/SKILL.md"}, client.UploadFile{Name: "f", Reader: strings.NewReader("x")}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("an upload over a resource: %v, want invalid argument", err)
+	}
+	for _, p := range []string{".resources", ".resources/skills/pdf/SKILL.md"} {
+		if err := c.DeleteFile(ctx, "r1", p, true); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("delete %s: %v, want invalid argument", p, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "skills/pdf/SKILL.md")); err != nil || string(b) != string(skills["skills/pdf/SKILL.md"]) {
+		t.Errorf("the resource after refused writes: %q %v", b, err)
 	}
 }
 

@@ -875,6 +875,7 @@ func TestTools(t *testing.T) {
 		{"read_file", `{"path":"missing.txt"}`},
 		{"read_file", `{"path":"../../etc/passwd"}`},
 		{"upload_file", `{"path":"uploads/x","content":"x"}`},
+		{"upload_file", `{"path":".resources/x","content":"x"}`},
 		{"list_files", `{"path":"nowhere"}`},
 	} {
 		if code, res := invoke(tc.name, tc.args); code != 200 || !res.IsError || res.Content == "" {

@@ -287,8 +287,8 @@ func (s *Server) toolUpload(raw json.RawMessage) (toolCall, error) {
 		if err != nil || rel == "." {
 			return toolError(fmt.Errorf("path %q is not a file path in the workspace: %w", args.Path, errdefs.ErrInvalidArgument))
 		}
-		if strings.HasPrefix(rel+"/", "uploads/") {
-			return toolError(fmt.Errorf("path %q: uploads/ holds the user's uploads and is read-only: %w", args.Path, errdefs.ErrInvalidArgument))
+		if why := workspace.Managed(rel); why != "" {
+			return toolError(fmt.Errorf("path %q: %s: %w", args.Path, why, errdefs.ErrInvalidArgument))
 		}
 		sess, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
 		if err != nil {

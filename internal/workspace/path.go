@@ -20,6 +20,23 @@ const (
 	uploadsDir = "uploads"
 )
 
+// Managed says why rel (a CleanPath result) is not the caller's to write,
+// move or remove through a file endpoint, or "" when it is: the workspace
+// itself, and the parts sbx keeps on its own, the conversations' uploads
+// (uploads/, changed by conversation uploads and deletes) and the
+// session's resources (.resources/, changed by resource sync only).
+func Managed(rel string) string {
+	switch {
+	case rel == ".":
+		return "the workspace itself"
+	case rel == uploadsDir || strings.HasPrefix(rel, uploadsDir+"/"):
+		return "uploads/ holds the conversations' uploads (upload there with a conversation id)"
+	case rel == ResourcesDir || strings.HasPrefix(rel, ResourcesDir+"/"):
+		return ResourcesDir + "/ holds the session's resources (change them with a resource sync)"
+	}
+	return ""
+}
+
 // CleanPath validates a client-supplied workspace path and returns it in
 // canonical form: relative, slash-separated, without "." or empty
 // components or a trailing slash. "" and "." name the workspace root and

@@ -146,3 +146,14 @@ func FuzzCleanPath(f *testing.F) {
 		}
 	})
 }
+
+func TestManaged(t *testing.T) {
+	for rel, managed := range map[string]bool{
+		".": true, "uploads": true, "uploads/c1/temparea/a.pdf": true, ".resources": true, ".resources/skills/x.md": true,
+		"data.csv": false, "uploadsx": false, "my/uploads": false, ".resourcesx/a": false, "a/.resources": false,
+	} {
+		if got := Managed(rel) != ""; got != managed {
+			t.Errorf("Managed(%q) = %q, want managed %v", rel, Managed(rel), managed)
+		}
+	}
+}

@@ -66,7 +66,10 @@ test('sandbox env vars from create reach commands', async () => {
 test('cwd is honoured', async () => {
   assert.equal((await sbx.commands.run('pwd', { cwd: '/tmp' })).stdout, '/tmp\n')
   await sbx.commands.run('mkdir -p sub/dir')
-  assert.equal((await sbx.commands.run('pwd', { cwd: '/home/user/sub/dir' })).stdout, '/workspace/sub/dir\n')
+  assert.equal((await sbx.commands.run('pwd', { cwd: '/home/user/sub/dir' })).stdout, '/home/user/sub/dir\n')
+  assert.equal((await sbx.commands.run('pwd', { cwd: 'sub' })).stdout, '/home/user/sub\n')
+  // As on E2B: commands start in the home directory, which is HOME.
+  assert.equal((await sbx.commands.run('pwd; echo $HOME; ls -d sub')).stdout, '/home/user\n/home/user\nsub\n')
   await assert.rejects(sbx.commands.run('true', { cwd: '/no/such/dir' }), CommandExitError)
 })
 

@@ -87,6 +87,15 @@ test('paths outside the workspace are refused', async () => {
   await assert.rejects(sbx.files.write('../escape.txt', 'x'))
 })
 
+test('what sbx keeps in the workspace is not the file calls\' to change', async () => {
+  await assert.rejects(sbx.files.remove('/home/user'))
+  await assert.rejects(sbx.files.remove('uploads'))
+  await assert.rejects(sbx.files.write('.resources/skill.md', 'x'))
+  await assert.rejects(sbx.files.rename('uploads', 'mine'))
+  await assert.rejects(sbx.files.makeDir('.resources/new'))
+  assert.equal(await sbx.files.exists('uploads'), true)
+})
+
 test('a 20 MB file goes up and comes back intact', async () => {
   const big = randomBytes(20 << 20)
   const sum = createHash('sha256').update(big).digest('hex')
