@@ -61,13 +61,26 @@ type bundleConfig struct {
 	cgroupPath string
 }
 
+// executorTasks is the room the pids cgroup leaves above Resources.PIDs for
+// the executor (PID 1, a Go program that dies when it cannot make a thread)
+// and the zygote, which run as the sandbox's root.
+//
+// Resources.PIDs itself is enforced by RLIMIT_NPROC, which the kernel counts
+// per uid *and user namespace* (since Linux 5.14): every sandbox has its own
+// user namespace, so the limit counts the processes and threads of one
+// sandbox's user code (uid sandboxUID) and nothing else. A fork bomb stops
+// there, leaving the executor its room in the cgroup; with the cgroup limit
+// alone it took the last slot and the executor's next thread, killing the
+// sandbox. The cgroup limit stays as the backstop for the sandbox as a whole.
+const executorTasks = 32
+
 // ociSpec builds the OCI runtime spec of one sandbox.
 func ociSpec(c bundleConfig) *specs.Spec {
 	res := c.res
 	memory := res.MemoryMB << 20
 	quota := int64(res.CPU * 100000)
 	period := uint64(100000)
-	pids := res.PIDs
+	pids := res.PIDs + executorTasks
 	swappiness := uint64(0)
 	args := []string{executorBinary,
 		"--socket", executorSocket,
@@ -99,6 +112,8 @@ func ociSpec(c bundleConfig) *specs.Spec {
 				{Type: "RLIMIT_CORE", Soft: 0, Hard: 0},
 				// One file may not be larger than the whole workspace may be.
 				{Type: "RLIMIT_FSIZE", Soft: uint64(res.DiskMB) << 20, Hard: uint64(res.DiskMB) << 20},
+				// The process limit; see executorTasks.
+				{Type: "RLIMIT_NPROC", Soft: uint64(res.PIDs), Hard: uint64(res.PIDs)},
 			},
 			OOMScoreAdj: intPtr(0),
 		},

@@ -68,8 +68,11 @@ func TestSpecHardening(t *testing.T) {
 	if *r.CPU.Quota != 50000 || *r.CPU.Period != 100000 {
 		t.Errorf("cpu quota %d/%d, want half a core", *r.CPU.Quota, *r.CPU.Period)
 	}
-	if *r.Pids.Limit != 64 {
-		t.Errorf("pids %d", *r.Pids.Limit)
+	if *r.Pids.Limit != 64+executorTasks {
+		t.Errorf("pids cgroup %d, want the limit plus the executor's room", *r.Pids.Limit)
+	}
+	if !slices.Contains(s.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Soft: 64, Hard: 64}) {
+		t.Errorf("rlimits %+v: no RLIMIT_NPROC of 64 for user code", s.Process.Rlimits)
 	}
 	if len(r.Devices) == 0 || r.Devices[0].Allow {
 		t.Errorf("devices cgroup does not start from deny-all: %+v", r.Devices)

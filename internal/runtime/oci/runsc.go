@@ -51,18 +51,13 @@ const sentryTasks = 256
 //
 // PIDs: the host pids cgroup of a runsc sandbox counts the sentry's own
 // threads, and the sentry panics, killing the whole sandbox, when it cannot
-// make one. So the sandbox's process limit is enforced inside gVisor, by
-// RLIMIT_NPROC, which the sentry counts per uid in its own kernel: that is
-// every process and thread of user code (uid sandboxUID) in this sandbox and
-// nothing else. (Under runc the same rlimit would count uid sandboxUID's
-// tasks across every sandbox of the host, which is why runc relies on the
-// cgroup alone.) The host limit stays, with room for the sentry, as a
+// make one. The sandbox's process limit is the RLIMIT_NPROC every sandbox
+// gets (see executorTasks), which under runsc the sentry enforces in its own
+// kernel, per uid: every process and thread of user code in this sandbox and
+// nothing else. The host limit stays, with room for the sentry, as a
 // backstop against a runaway sentry.
 func gvisorSpec(s *specs.Spec, c bundleConfig) {
-	pids := c.res.PIDs
-	s.Process.Rlimits = append(s.Process.Rlimits,
-		specs.POSIXRlimit{Type: "RLIMIT_NPROC", Soft: uint64(pids), Hard: uint64(pids)})
-	host := 2*pids + sentryTasks
+	host := 2*c.res.PIDs + sentryTasks
 	s.Linux.Resources.Pids = &specs.LinuxPids{Limit: &host}
 }
 
