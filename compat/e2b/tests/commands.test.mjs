@@ -86,10 +86,17 @@ test('output streams to callbacks as it comes', async () => {
 })
 
 test('a background command can be listed and killed', async () => {
-  const h = await sbx.commands.run('echo started; sleep 600', { background: true })
+  // Kill only once it has printed: what it printed before stays.
+  let printed
+  const started = new Promise((resolve) => { printed = resolve })
+  const h = await sbx.commands.run('echo started; sleep 600', {
+    background: true,
+    onStdout: (d) => d.includes('started') && printed(),
+  })
   assert.ok(h.pid > 0)
   const list = await sbx.commands.list()
   assert.ok(list.some((p) => p.pid === h.pid), `pid ${h.pid} not in ${JSON.stringify(list)}`)
+  await started
   assert.equal(await h.kill(), true)
   await assert.rejects(h.wait(), CommandExitError)
   assert.equal(h.stdout, 'started\n')
