@@ -75,3 +75,7 @@ func benchRun(b *testing.B, req RunRequest, pause time.Duration) {
 	b.ReportMetric(float64(times[len(times)*9/10].Microseconds())/1000, "p90-ms")
 	b.ReportMetric(float64(times[len(times)*99/100].Microseconds())/1000, "p99-ms")
 }
+
+func BenchmarkRunBashPaced(b *testing.B) {
+	benchRun(b, sh("echo 1"), 50*time.Millisecond)
+}
