@@ -16,8 +16,13 @@ def _sbx_e2b_cell(code_b64, cwd_b64):
     cwd = base64.b64decode(cwd_b64).decode("utf-8")
     if "__sbx_e2b_count" not in g:
         g["__sbx_e2b_count"] = 0
-        if cwd:
-            os.chdir(cwd)
+        g["__sbx_e2b_cwd"] = cwd
+    # sbx starts every run in the execution's directory; a kernel stays
+    # where the previous cell left it (the context's cwd at first).
+    try:
+        os.chdir(g["__sbx_e2b_cwd"] or cwd)
+    except OSError:
+        pass
     g["__sbx_e2b_count"] += 1
     count = g["__sbx_e2b_count"]
     results = []
@@ -114,6 +119,10 @@ def _sbx_e2b_cell(code_b64, cwd_b64):
             "traceback": "".join(traceback.format_exception(type(e), e, tb)),
         }
     flush_figures()
+    try:
+        g["__sbx_e2b_cwd"] = os.getcwd()
+    except OSError:
+        pass
     try:
         sys.stdout.flush()
         sys.stderr.flush()

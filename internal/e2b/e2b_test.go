@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
 // frames splits a Connect streaming body into its envelopes.
@@ -337,4 +338,30 @@ func TestDriver(t *testing.T) {
 	check(3, res[3].Error != nil && res[3].Error.Name == "SyntaxError", "SyntaxError")
 	check(4, len(res[4].Results) == 1 && res[4].Results[0]["text"] == "'shown'" && res[4].Results[0]["is_main_result"] == false, "display")
 	check(5, len(res[5].Results) == 1 && res[5].Results[0]["text"] == "41", "_ is the last value")
+}
+
+func TestContextIDs(t *testing.T) {
+	for _, dir := range []string{"/home/user", "/tmp", "/home/user/a b/é"} {
+		id := newContextID(dir)
+		c, ok := parseContext(id)
+		if !ok || c.ID != id || c.Cwd != dir || c.Language != "python" {
+			t.Errorf("%q: id %q parses to %+v, %v", dir, id, c, ok)
+		}
+		if got := sbxContext(id); len(got) != len("e2b-")+16 || !session.ValidID(got) {
+			t.Errorf("%q: executor context %q", dir, got)
+		}
+	}
+	if c, ok := parseContext(defaultContext); !ok || c.Cwd != homeDir || sbxContext(defaultContext) != "e2b-default" {
+		t.Errorf("default context: %+v %v", c, ok)
+	}
+	b64 := func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+	for _, bad := range []string{
+		"", "nonsense", "0123456789abcdef", "0123456789abcdef.", "0123456789ABCDEF." + b64("/tmp"),
+		"0123456789abcde." + b64("/tmp"), "0123456789abcdef." + b64("tmp"), "0123456789abcdef." + b64("/tmp/../etc"),
+		"0123456789abcdef." + b64("/tmp\x00"), "0123456789abcdef.!!", "0123456789abcdef." + b64("/"+strings.Repeat("a", maxContextCwd)),
+	} {
+		if c, ok := parseContext(bad); ok {
+			t.Errorf("%q parses to %+v", bad, c)
+		}
+	}
 }

@@ -24,8 +24,8 @@ import (
 // The code interpreter (E2B's port 49999): POST /execute runs a cell in a
 // context and answers with newline-delimited JSON. A context is an sbx
 // stateful context (executor contexts: a Python process that keeps its
-// globals), named "e2b-" + the context id; a sandbox's default context is
-// "default". The cell runs inside driver.py, which gives the notebook
+// globals), named by sbxContext; a sandbox's default context is "default".
+// The cell runs inside driver.py, which gives the notebook
 // semantics sbx's executions lack (see there).
 
 //go:embed driver.py
@@ -41,9 +41,48 @@ type codeContext struct {
 	Cwd      string `json:"cwd"`
 }
 
-// contextTable keeps the contexts each sandbox was given through
-// /contexts. It lives in memory: after a restart the contexts' processes
-// are gone too (sbx keeps no process state across one).
+// A context id carries all there is to know of a context: KEY "." and its
+// working directory in unpadded base64url, KEY being 16 random hex digits
+// that name its interpreter (the sbx stateful context "e2b-" + KEY). So a
+// cell in a context runs on any replica, and after a restart that adopted
+// the sandbox still running its interpreter, without a table.
+const maxContextCwd = 1024
+
+func newContextID(cwd string) string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b) + "." + base64.RawURLEncoding.EncodeToString([]byte(cwd))
+}
+
+// parseContext returns the context an id names, or false if it is not one
+// (newContextID's form or the default context's).
+func parseContext(id string) (*codeContext, bool) {
+	if id == defaultContext {
+		return &codeContext{ID: defaultContext, Language: "python", Cwd: homeDir}, true
+	}
+	key, enc, ok := strings.Cut(id, ".")
+	if !ok || len(key) != 16 || strings.Trim(key, "0123456789abcdef") != "" {
+		return nil, false
+	}
+	dir, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil || len(dir) == 0 || len(dir) > maxContextCwd || !strings.HasPrefix(string(dir), "/") {
+		return nil, false
+	}
+	if c, err := cwd(string(dir)); err != nil || c != string(dir) {
+		return nil, false
+	}
+	return &codeContext{ID: id, Language: "python", Cwd: string(dir)}, true
+}
+
+// sbxContext is the executor context of a context id parseContext took.
+func sbxContext(id string) string {
+	key, _, _ := strings.Cut(id, ".")
+	return "e2b-" + key
+}
+
+// contextTable is what GET /contexts lists besides the default context:
+// the contexts this server made, or ran a cell in, since it started and
+// that were not removed. It is only a list; nothing else depends on it.
 type contextTable struct {
 	mu   sync.Mutex
 	byID map[[2]string]map[string]*codeContext // by {tenant, sandbox}
@@ -56,43 +95,36 @@ func newContextTable() *contextTable {
 // maxContexts bounds a sandbox's contexts, as the executor does (16).
 const maxContexts = 15
 
-func (t *contextTable) get(tenant, sandbox, id string) (*codeContext, bool) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if id == defaultContext {
-		return &codeContext{ID: defaultContext, Language: "python", Cwd: homeDir}, true
+// add records a context; fresh says it is being created, and may not go
+// past maxContexts.
+func (t *contextTable) add(tenant, sandbox string, c *codeContext, fresh bool) error {
+	if c.ID == defaultContext {
+		return nil
 	}
-	c, ok := t.byID[[2]string{tenant, sandbox}][id]
-	return c, ok
-}
-
-func (t *contextTable) add(tenant, sandbox string, c *codeContext) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := [2]string{tenant, sandbox}
 	if t.byID[k] == nil {
 		t.byID[k] = map[string]*codeContext{}
 	}
-	if len(t.byID[k]) >= maxContexts {
+	if fresh && len(t.byID[k]) >= maxContexts {
 		return fmt.Errorf("sandbox %s has %d contexts, the most it may have; remove one: %w", sandbox, maxContexts, errdefs.ErrResourceExhausted)
 	}
 	t.byID[k][c.ID] = c
 	return nil
 }
 
-func (t *contextTable) remove(tenant, sandbox, id string) bool {
+func (t *contextTable) remove(tenant, sandbox, id string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	m := t.byID[[2]string{tenant, sandbox}]
-	_, ok := m[id]
-	delete(m, id)
-	return ok
+	delete(t.byID[[2]string{tenant, sandbox}], id)
 }
 
 func (t *contextTable) list(tenant, sandbox string) []*codeContext {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	out := []*codeContext{{ID: defaultContext, Language: "python", Cwd: homeDir}}
+	def, _ := parseContext(defaultContext)
+	out := []*codeContext{def}
 	for _, c := range t.byID[[2]string{tenant, sandbox}] {
 		out = append(out, c)
 	}
@@ -143,11 +175,13 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, invalid("language %q: sbx's code interpreter runs Python only", req.Language))
 		return
 	}
-	if req.Cwd == "" {
-		req.Cwd = homeDir
-	}
-	if _, err := cwd(req.Cwd); err != nil {
+	dir, err := cwd(req.Cwd)
+	if err != nil {
 		h.writeErr(w, r, err)
+		return
+	}
+	if len(dir) > maxContextCwd {
+		h.writeErr(w, r, invalid("cwd of %d bytes: longer than the limit of %d", len(dir), maxContextCwd))
 		return
 	}
 	id, tenant, err := h.sandboxTenant(r, true)
@@ -159,10 +193,8 @@ func (h *Handler) createContext(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	b := make([]byte, 8)
-	rand.Read(b)
-	c := &codeContext{ID: hex.EncodeToString(b), Language: "python", Cwd: req.Cwd}
-	if err := h.contexts.add(tenant, id, c); err != nil {
+	c := &codeContext{ID: newContextID(dir), Language: "python", Cwd: dir}
+	if err := h.contexts.add(tenant, id, c, true); err != nil {
 		h.writeErr(w, r, err)
 		return
 	}
@@ -192,7 +224,7 @@ func (h *Handler) deleteContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cid := r.PathValue("id")
-	if _, ok := h.contexts.get(tenant, id, cid); !ok || cid == defaultContext {
+	if _, ok := parseContext(cid); !ok || cid == defaultContext {
 		h.writeErr(w, r, fmt.Errorf("context %q: %w", cid, errdefs.ErrNotFound))
 		return
 	}
@@ -213,7 +245,7 @@ func (h *Handler) restartContext(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cid := r.PathValue("id")
-	if _, ok := h.contexts.get(tenant, id, cid); !ok {
+	if _, ok := parseContext(cid); !ok {
 		h.writeErr(w, r, fmt.Errorf("context %q: %w", cid, errdefs.ErrNotFound))
 		return
 	}
@@ -238,9 +270,6 @@ func (h *Handler) killContext(ctx context.Context, tenant, id, cid string) error
 	}
 	return err
 }
-
-// sbxContext is the executor context of an E2B context id.
-func sbxContext(id string) string { return "e2b-" + id }
 
 // executeRequest is the body of POST /execute.
 type executeRequest struct {
@@ -285,7 +314,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	if req.ContextID != nil && *req.ContextID != "" {
 		cid = *req.ContextID
 	}
-	c, ok := h.contexts.get(tenant, id, cid)
+	c, ok := parseContext(cid)
 	if !ok {
 		h.writeErr(w, r, fmt.Errorf("context %q not found (create it with POST /contexts): %w", cid, errdefs.ErrNotFound))
 		return
@@ -294,8 +323,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	dir, _ := cwd(c.Cwd)
-	code := driver + "\ntry:\n    return _sbx_e2b_cell(" + pyBase64(req.Code) + ", " + pyBase64(dir) + ")\nfinally:\n    del _sbx_e2b_cell\n"
+	code := driver + "\ntry:\n    return _sbx_e2b_cell(" + pyBase64(req.Code) + ", " + pyBase64(c.Cwd) + ")\nfinally:\n    del _sbx_e2b_cell\n"
 	run, err := h.opt.Executions.Submit(r.Context(), tenant, id, api.ExecuteRequest{
 		Code: code, Language: executor.LanguagePython, ContextID: sbxContext(cid), EnvVars: req.EnvVars,
 		Timeout: float64(executor.MaxTimeoutMs / 1000),
@@ -304,6 +332,7 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
+	h.contexts.add(tenant, id, c, false) // listed from now on, here too
 	h.streamCell(w, r, tenant, run)
 }
 

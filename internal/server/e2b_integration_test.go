@@ -6,8 +6,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/runtime"
-	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -85,36 +84,88 @@ func TestE2BCompat(t *testing.T) {
 }
 
 // startE2BServer starts a real server with the given API key (KEY:TENANT)
-// and returns its URL. Unlike startReal it does not wrap the handler in
-// the contract checker: the E2B routes are not sbx's API and are not in
-// api/openapi.yaml.
+// and returns its URL.
 func startE2BServer(t *testing.T, keySpec string) string {
 	t.Helper()
-	env := testenv.New(t)
-	state := filepath.Join(env.StateRoot, "srv")
-	rt, err := oci.New(oci.Config{StateDir: state, ExecutorPath: env.Executor})
-	if err != nil {
-		t.Fatal(err)
-	}
 	keys, err := server.ParseKeys([]string{keySpec})
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, err := server.Open(context.Background(), server.Config{
-		DataDir: t.TempDir(), StateDir: state, TemplateDir: testenv.TemplateDir(), ExecutorPath: env.Executor,
-		Keys:    keys,
-		Runtime: func(string) (runtime.Runtime, error) { return rt, nil },
-	})
-	if err != nil {
-		t.Fatal(err)
+	return startE2B(t, t.TempDir(), func(c *server.Config) { c.Keys = keys }).URL
+}
+
+// startE2B is startReal without the contract checker: the E2B routes are
+// not sbx's API and are not in api/openapi.yaml.
+func startE2B(t *testing.T, dir string, configure ...func(*server.Config)) *realServer {
+	t.Helper()
+	return openReal(t, dir, func(h http.Handler) http.Handler { return h }, configure...)
+}
+
+// TestE2BContextAcrossRestart: a code context made before a restart (or,
+// the same thing, on another replica) still runs cells, with its
+// interpreter's state when the sandbox was adopted and where its previous
+// cell left it (the context's cwd at first), as a kernel does.
+func TestE2BContextAcrossRestart(t *testing.T) {
+	testenv.New(t).Rootfs(t, "python")
+	dir := t.TempDir()
+	rs := startE2B(t, dir)
+	call := func(url, method, path, sandbox, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, url+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if sandbox != "" {
+			req.Header.Set("E2b-Sandbox-Id", sandbox)
+			req.Header.Set("E2b-Sandbox-Port", "49999")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
 	}
-	ts := httptest.NewServer(app.Server.Handler())
-	t.Cleanup(func() {
-		ts.Close()
-		app.Close()
-		destroySandboxes(t, rt)
-	})
-	return ts.URL
+	var sb struct{ SandboxID string }
+	code, body := call(rs.URL, "POST", "/sandboxes", "", `{"templateID":"base"}`)
+	if code != http.StatusCreated || json.Unmarshal([]byte(body), &sb) != nil {
+		t.Fatalf("create: %d %s", code, body)
+	}
+	var c struct{ ID, Cwd string }
+	code, body = call(rs.URL, "POST", "/contexts", sb.SandboxID, `{"language":"python","cwd":"/tmp"}`)
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &c) != nil || c.Cwd != "/tmp" {
+		t.Fatalf("create context: %d %s", code, body)
+	}
+	cell := func(url, src string) string {
+		t.Helper()
+		q, _ := json.Marshal(map[string]string{"code": src, "context_id": c.ID})
+		code, body := call(url, "POST", "/execute", sb.SandboxID, string(q))
+		if code != http.StatusOK || !strings.Contains(body, `"end_of_execution"`) {
+			t.Fatalf("cell %q: %d %s", src, code, body)
+		}
+		return body
+	}
+	if out := cell(rs.URL, "import os\nx = 41\nos.getcwd()"); !strings.Contains(out, `"text":"'/tmp'"`) {
+		t.Errorf("first cell, in the context's cwd: %s", out)
+	}
+	cell(rs.URL, "os.chdir('/opt')") // as in a kernel, the next cell starts there
+	rs.stop()
+
+	rs2 := startE2B(t, dir)
+	if out := cell(rs2.URL, "(x + 1, os.getcwd())"); !strings.Contains(out, `(42, '/opt')`) {
+		t.Errorf("cell after the restart: %s", out)
+	}
+	if code, body := call(rs2.URL, "GET", "/contexts", sb.SandboxID, ""); code != http.StatusOK || !strings.Contains(body, c.ID) {
+		t.Errorf("contexts after the restart: %d %s", code, body)
+	}
+	if code, body := call(rs2.URL, "DELETE", "/contexts/"+c.ID, sb.SandboxID, ""); code != http.StatusNoContent {
+		t.Errorf("delete: %d %s", code, body)
+	}
+	if _, body := call(rs2.URL, "GET", "/contexts", sb.SandboxID, ""); strings.Contains(body, c.ID) {
+		t.Errorf("deleted context still listed: %s", body)
+	}
+	if code, _ := call(rs2.URL, "DELETE", "/contexts/nonsense", sb.SandboxID, ""); code != http.StatusNotFound {
+		t.Errorf("delete of a malformed context id: %d, want 404", code)
+	}
 }
 
 // nodeAndNpm finds node (20 or later) and npm, or skips: scripts/setup.sh

@@ -38,6 +38,13 @@ type realServer struct {
 
 func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *realServer {
 	t.Helper()
+	return openReal(t, dir, func(h http.Handler) http.Handler { return apitest.Handler(t, h) }, configure...)
+}
+
+// openReal is startReal with the handler wrapped by wrap instead of the
+// contract checker.
+func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, configure ...func(*server.Config)) *realServer {
+	t.Helper()
 	env := testenv.New(t)
 	state := filepath.Join(env.StateRoot, "srv")
 	rt, err := oci.New(oci.Config{StateDir: state, ExecutorPath: env.Executor})
@@ -60,7 +67,7 @@ func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *rea
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(apitest.Handler(t, app.Server.Handler()))
+	ts := httptest.NewServer(wrap(app.Server.Handler()))
 	rs := &realServer{Server: ts, app: app, dir: dir, rt: rt}
 	t.Cleanup(func() {
 		rs.stop()

@@ -94,6 +94,15 @@ test('code contexts keep their own state', async () => {
   assert.ok(!(await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
 })
 
+test('a context starts in its cwd and stays where a cell moved it', async () => {
+  const ctx = await sbx.createCodeContext({ cwd: '/tmp' })
+  assert.equal(ctx.cwd, '/tmp')
+  assert.equal((await sbx.runCode('import os\nos.getcwd()', { context: ctx })).text, "'/tmp'")
+  await sbx.runCode("os.chdir('/opt')", { context: ctx })
+  assert.equal((await sbx.runCode('os.getcwd()', { context: ctx })).text, "'/opt'")
+  await sbx.removeCodeContext(ctx)
+})
+
 test('commands and files work in the interpreter sandbox', async () => {
   await sbx.runCode('open("/workspace/from_py.txt", "w").write("py")')
   assert.equal(await sbx.files.read('from_py.txt'), 'py')
