@@ -10,8 +10,9 @@
 // data directory already is on, or on a btrfs image file attached to a loop
 // device and mounted at the workspaces directory (MountImage), because this
 // kernel has neither ext4 nor XFS quota support (CONFIG_QFMT_V2 and
-// CONFIG_XFS_QUOTA are off; see docs/ARCHITECTURE.md). A data disk with
-// XFS or ext4 project quotas enforced is used directly (Project).
+// CONFIG_XFS_QUOTA are off; see docs/ARCHITECTURE.md). XFS and ext4
+// project quotas are not used: they could not be tested here, and the
+// image works on any file system.
 //
 // Two consequences shape the callers:
 //   - Entries cannot be renamed from one workspace into another (EXDEV: a
@@ -29,9 +30,8 @@ import (
 	"os"
 )
 
-// Dirs makes and removes directories with a quota each: Btrfs, Project
-// (XFS or ext4 project quotas), and None, the loud fallback for machines
-// that cannot have either.
+// Dirs makes and removes directories with a quota each: Btrfs, and None,
+// the loud fallback for machines that cannot have it.
 type Dirs interface {
 	// Make creates dir, which must not exist and whose parent must, as an
 	// empty directory (mode 0700, owned by the caller) whose content may
@@ -77,9 +77,8 @@ func pathErr(op, path string, err error) error {
 
 // Modes of Open.
 const (
-	// ModeAuto uses the file system root is on if it has quotas (btrfs,
-	// or XFS or ext4 with project quotas enforced), or else a btrfs image
-	// mounted at root.
+	// ModeAuto uses the file system root is on if it is btrfs, or else a
+	// btrfs image mounted at root.
 	ModeAuto = "auto"
 	// ModeOff gives no quotas (None): for development machines that
 	// cannot have any. The server says so loudly at start.
@@ -87,9 +86,8 @@ const (
 )
 
 // Open returns the quota mechanism for workspaces under root. In ModeAuto
-// a root on btrfs, or on XFS or ext4 with project quotas enforced (a data
-// disk formatted and mounted so), is used as it is; otherwise the btrfs
-// image file image (made with size bytes if missing) is mounted at root.
+// a root on btrfs is used as it is; otherwise the btrfs image file image
+// (made with size bytes if missing) is mounted at root.
 // An error says why quotas cannot be had.
 func Open(ctx context.Context, mode, root, image string, size int64) (Dirs, error) {
 	switch mode {
@@ -109,9 +107,6 @@ func Open(ctx context.Context, mode, root, image string, size int64) (Dirs, erro
 		return b, nil
 	} else if !errors.Is(err, ErrUnsupported) {
 		return nil, err
-	}
-	if p, err := OpenProject(root); err == nil {
-		return p, nil
 	}
 	if err := MountImage(ctx, image, root, size); err != nil {
 		return nil, err

@@ -296,7 +296,7 @@ func (w *Workspace) rootDir(rel string) error {
 
 // placeResource puts the content of host file src at rel: a hard link if
 // src is on the workspace's file system, else a reflink if the file system
-// can share the extents (btrfs subvolumes, XFS projects: one copy on disk,
+// can share the extents (btrfs subvolumes: one copy on disk,
 // and no bytes written), else a copy.
 func (w *Workspace) placeResource(ctx context.Context, rel, src string, size int64) error {
 	fi, err := os.Stat(src)
