@@ -47,7 +47,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		hibern    = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
 		ttl       = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
 		maxSbx    = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		limits    = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session); 0 is no bound (env SBX_LIMITS)")
+		limits    = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, presigned copies); 0 is no bound (env SBX_LIMITS)")
 		sessMax   = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
 		hdrTime   = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
 		connIdle  = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")
@@ -166,8 +166,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // defaultLimits bound every tenant unless told otherwise: enough sessions
 // for any one agent platform's users, and a history per session that
 // holds a long conversation's runs. The rest (sandboxes, memory, CPU,
-// disk) is unbounded by default: set them for several tenants.
-const defaultLimits = "sessions=10000,history=1000,snapshots=32"
+// disk) is unbounded by default: set them for several tenants. What a
+// tenant keeps in the blob store is bounded, so that no tenant fills the
+// disk the others keep their snapshots on.
+const defaultLimits = "sessions=10000,history=1000,snapshots=32,stored=20G"
 
 // flagSet reports whether the flag name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

@@ -169,6 +169,9 @@ func (a *App) collect(content *cas.Store, blobs blob.Store) {
 		ctx, cancel := context.WithTimeout(context.Background(), collectInterval)
 		n, err := collectPresigned(ctx, blobs, time.Now())
 		cancel()
+		if n > 0 {
+			a.Sessions.StoredCollected()
+		}
 		switch {
 		case err != nil:
 			a.log.Warn("collecting expired presigned copies", "err", err)
@@ -252,6 +255,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
+		StoredPrefixes: func(tenant string) []string { return []string{presignPrefix(key, tenant)} },
 		Limits: func(tenant string) session.Limits {
 			if l, ok := cfg.TenantLimits[tenant]; ok {
 				return l

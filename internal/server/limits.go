@@ -12,8 +12,8 @@ import (
 
 // ParseLimits applies "name=value,..." to base: sessions, sandboxes,
 // memory (MiB, or with a G suffix GiB), cpu (cores), disk (MiB or G),
-// history (executions kept per session) and snapshots (kept per session).
-// 0 is no bound.
+// history (executions kept per session), snapshots (kept per session) and
+// stored (MiB or G in the blob store). 0 is no bound.
 func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	l := base
 	for _, f := range strings.Split(spec, ",") {
@@ -39,10 +39,12 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 			l.MemoryMB, err = mebibytes(v)
 		case "disk":
 			l.DiskMB, err = mebibytes(v)
+		case "stored":
+			l.StoredMB, err = mebibytes(v)
 		case "cpu":
 			l.CPU, err = cores(v)
 		default:
-			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history or snapshots", name)
+			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, snapshots or stored", name)
 		}
 		if err != nil {
 			return l, fmt.Errorf("limit %s: %w", f, err)

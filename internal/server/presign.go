@@ -74,13 +74,22 @@ func (s *Server) sign(ns, sum, name string, expires int64) string {
 	return hex.EncodeToString(mac.Sum(nil))
 }
 
+func (s *Server) presignNamespace(tenant string) string {
+	return presignNamespace(s.opt.SigningKey, tenant)
+}
+
 // presignNamespace is the tenant's namespace of presigned copies: a MAC
 // of its name, so that neither blob keys nor URLs show tenant names and a
 // URL can name no other tenant's copy.
-func (s *Server) presignNamespace(tenant string) string {
-	mac := hmac.New(sha256.New, s.opt.SigningKey)
+func presignNamespace(signingKey []byte, tenant string) string {
+	mac := hmac.New(sha256.New, signingKey)
 	fmt.Fprintf(mac, "presigned copies of tenant\n%s", tenant)
 	return hex.EncodeToString(mac.Sum(nil))[:32]
+}
+
+// presignPrefix is where the tenant's presigned copies are.
+func presignPrefix(signingKey []byte, tenant string) string {
+	return "presigned/" + presignNamespace(signingKey, tenant) + "/"
 }
 
 // presign copies file into the tenant's presigned copies (unless the same
@@ -92,7 +101,12 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 		return
 	}
 	ns := s.presignNamespace(tenant(r))
-	sum, err := copyPresigned(r.Context(), s.opt.Blobs, "presigned/"+ns+"/", file)
+	if err := s.opt.Sessions.AdmitStored(r.Context(), tenant(r)); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	sum, stored, err := copyPresigned(r.Context(), s.opt.Blobs, presignPrefix(s.opt.SigningKey, tenant(r)), file)
+	s.opt.Sessions.AddStored(tenant(r), stored)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -112,17 +126,18 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 }
 
 // copyPresigned stores what it reads from r under dir/SHA256 and returns
-// the hash. The sandbox can change the file at any moment, so the bytes
+// the hash and how many bytes it added to the blob store. The sandbox can change the file at any moment, so the bytes
 // are read once: copied to a temporary blob while they are hashed, and
 // that blob is what is kept under the hash. (Hashing one read and storing
 // a second let a sandbox store content under another content's hash,
 // which every URL for that hash then served.)
-func copyPresigned(ctx context.Context, blobs blob.Store, dir string, r io.Reader) (string, error) {
+func copyPresigned(ctx context.Context, blobs blob.Store, dir string, r io.Reader) (string, int64, error) {
 	tmp := dir + "tmp-" + randomHex(8)
 	h := sha256.New()
-	if _, err := blobs.Put(ctx, tmp, io.TeeReader(r, h)); err != nil {
+	size, err := blobs.Put(ctx, tmp, io.TeeReader(r, h))
+	if err != nil {
 		blobs.Delete(context.WithoutCancel(ctx), tmp)
-		return "", err
+		return "", 0, err
 	}
 	defer blobs.Delete(context.WithoutCancel(ctx), tmp) // absent once moved
 	sum := hex.EncodeToString(h.Sum(nil))
@@ -130,19 +145,23 @@ func copyPresigned(ctx context.Context, blobs blob.Store, dir string, r io.Reade
 	// A URL made now may be used until now+expiry; the collector keeps a
 	// copy for presignKeep after its last write, so a copy older than
 	// presignRefresh is written again.
-	if info, err := blobs.Stat(ctx, key); err == nil && time.Since(info.ModTime) <= presignRefresh {
-		return sum, nil
+	info, err := blobs.Stat(ctx, key)
+	if err == nil && time.Since(info.ModTime) <= presignRefresh {
+		return sum, 0, nil
+	}
+	if err == nil {
+		size = 0 // written again: no more than before
 	}
 	if mv, ok := blobs.(blob.Mover); ok {
-		return sum, mv.Move(ctx, tmp, key)
+		return sum, size, mv.Move(ctx, tmp, key)
 	}
 	b, err := blobs.Open(ctx, tmp)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	defer b.Close()
 	_, err = blobs.Put(ctx, key, b)
-	return sum, err
+	return sum, size, err
 }
 
 func randomHex(n int) string {

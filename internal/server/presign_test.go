@@ -21,6 +21,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
 // swapBlobs rewrites a file with other content the first time the store
@@ -52,7 +53,9 @@ func (s *swapBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, er
 }
 
 func presignServer(t *testing.T, blobs blob.Store) *Server {
-	s := &Server{opt: Options{Blobs: blobs, SigningKey: []byte("key"), Metrics: NewMetrics(nil, nil)}, log: slog.Default(), mux: http.NewServeMux()}
+	mgr := session.New(session.Options{}) // for the tenants' stored bytes; never started
+	t.Cleanup(mgr.Close)
+	s := &Server{opt: Options{Blobs: blobs, Sessions: mgr, SigningKey: []byte("key"), Metrics: NewMetrics(nil, nil)}, log: slog.Default(), mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET "+api.Prefix+"/presigned/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET "+api.Prefix+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	return s

@@ -1,7 +1,9 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"strings"
 	"testing"
@@ -20,11 +22,11 @@ func TestTenantQuotas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenants, err := server.ParseTenantLimits([]string{"alpha:sessions=2", "alpha:disk=2G"}, defaults)
+	tenants, err := server.ParseTenantLimits([]string{"alpha:sessions=2", "alpha:disk=2G,stored=1"}, defaults)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tenants["alpha"] != (session.Limits{Sessions: 2, DiskMB: 2048, History: 4}) {
+	if tenants["alpha"] != (session.Limits{Sessions: 2, DiskMB: 2048, History: 4, StoredMB: 1}) {
 		t.Fatalf("alpha's limits: %+v", tenants["alpha"])
 	}
 	ts := startConfigured(t, func(c *server.Config) {
@@ -44,6 +46,38 @@ func TestTenantQuotas(t *testing.T) {
 		!strings.Contains(string(b), "sessions") || !strings.Contains(string(b), "the limit is 2") {
 		t.Errorf("alpha's third session: %d %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
 	}
+	// Stored bytes: presigned copies count; the presign that finds alpha
+	// at its 1 MiB is refused, beta's is not.
+	presign := func(c *client.Client, sess, name string) error {
+		t.Helper()
+		b := make([]byte, 1<<20)
+		rand.Read(b)
+		up, err := c.Upload(ctx, sess, client.UploadOptions{}, client.UploadFile{Name: name, Reader: bytes.NewReader(b)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Presign(ctx, sess, up.Files[0].Path, time.Minute)
+		return err
+	}
+	if err := presign(alpha, "a1", "one.bin"); err != nil {
+		t.Fatalf("alpha's first presign: %v", err)
+	}
+	err = presign(alpha, "a1", "two.bin")
+	if ae := (*client.APIError)(nil); !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "stored") {
+		t.Errorf("alpha's presign past its stored limit: %v", err)
+	}
+	if _, _, err := beta.CreateSession(ctx, api.CreateSessionRequest{SessionID: "b0"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"one.bin", "two.bin"} {
+		if err := presign(beta, "b0", name); err != nil {
+			t.Errorf("beta's presign: %v", err)
+		}
+	}
+	if _, err := beta.DeleteSession(ctx, "b0"); err != nil {
+		t.Fatal(err)
+	}
+
 	// Beta is not held by alpha's limits.
 	for _, id := range []string{"b1", "b2", "b3"} {
 		if _, _, err := beta.CreateSession(ctx, api.CreateSessionRequest{SessionID: id}); err != nil {
@@ -99,8 +133,8 @@ func TestParseLimits(t *testing.T) {
 			t.Errorf("ParseLimits(%q) succeeded", bad)
 		}
 	}
-	l, err := server.ParseLimits("sandboxes=3,memory=4G,cpu=1.5,disk=512", session.Limits{History: 9})
-	if err != nil || l != (session.Limits{Sandboxes: 3, MemoryMB: 4096, CPU: 1.5, DiskMB: 512, History: 9}) {
+	l, err := server.ParseLimits("sandboxes=3,memory=4G,cpu=1.5,disk=512,stored=2G", session.Limits{History: 9})
+	if err != nil || l != (session.Limits{Sandboxes: 3, MemoryMB: 4096, CPU: 1.5, DiskMB: 512, History: 9, StoredMB: 2048}) {
 		t.Errorf("ParseLimits = %+v, %v", l, err)
 	}
 	for _, bad := range []string{"alpha", ":sessions=1", "al/pha:sessions=1"} {

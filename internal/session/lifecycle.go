@@ -202,7 +202,8 @@ func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Ses
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
 		}
 	}
-	_, _, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), hibernatedKey(k), prev)
+	_, st, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), hibernatedKey(k), prev)
+	m.AddStored(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
 	mine := e.sb == sb
@@ -314,6 +315,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 			return nil, quotaError(tenant, "snapshots of session "+strconv.Quote(id), len(have), 1, max, "delete one of its snapshots first")
 		}
 	}
+	if err := m.AdmitStored(ctx, tenant); err != nil {
+		return nil, err
+	}
 	if rec.Status == api.StatusHibernated {
 		if _, err = m.restoreHibernated(ctx, rec); err != nil {
 			return nil, err
@@ -335,6 +339,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	e.unlock()
 	sid := newSnapshotID()
 	mf, st, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), snapshotKey(k, sid), prev)
+	m.AddStored(tenant, st.NewBytes+st.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
 	}

@@ -27,10 +27,14 @@ type Limits struct {
 	// History is how many executions are kept per session; older finished
 	// ones are deleted as new ones come.
 	History int `json:"history,omitempty"`
-	// Snapshots is how many snapshots each session may keep. With DiskMB
-	// it bounds what a tenant stores in the blob store: each snapshot
-	// adds at most what changed, at most the session's disk quota.
+	// Snapshots is how many snapshots each session may keep.
 	Snapshots int `json:"snapshots,omitempty"`
+	// StoredMB bounds what the tenant keeps in the blob store: the chunks
+	// and manifests of its snapshots and hibernated workspaces, and its
+	// presigned copies (stored.go). Snapshots and presigns are refused at
+	// the limit; hibernation is not (it moves bytes off the disk that
+	// DiskMB already bounds).
+	StoredMB int64 `json:"stored_mb,omitempty"`
 }
 
 // limits are the tenant's limits.

@@ -2,8 +2,12 @@ package session
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -155,5 +159,68 @@ func TestSnapshotLimit(t *testing.T) {
 	}
 	if _, err := m.CreateSnapshot(ctx, "t", "s"); err != nil {
 		t.Errorf("a snapshot after deleting one: %v", err)
+	}
+}
+
+// What a tenant keeps in the blob store is counted from the blob store
+// and bounded: snapshots are refused at the limit until the collector has
+// removed what deleted ones held, and other tenants are not affected.
+func TestStoredLimit(t *testing.T) {
+	m := newManager(t, newFake())
+	withLimits(m, map[string]Limits{"t": {StoredMB: 4}, "u": {StoredMB: 4}})
+	ctx := context.Background()
+	for _, tenant := range []string{"t", "u"} {
+		if _, _, err := m.Create(ctx, tenant, api.CreateSessionRequest{SessionID: "s"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill := func(tenant, name string) {
+		t.Helper()
+		b := make([]byte, 3<<20)
+		rand.Read(b)
+		if err := os.WriteFile(filepath.Join(m.workspaceDir(key{tenant, "s"}), name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ids []string
+	for i := range 2 { // 3 MiB stored, then 6: the second is let in under the limit
+		fill("t", fmt.Sprint(i))
+		snap, err := m.CreateSnapshot(ctx, "t", "s")
+		if err != nil {
+			t.Fatalf("snapshot %d: %v", i, err)
+		}
+		ids = append(ids, snap.SnapshotID)
+	}
+	if n, err := m.Stored(ctx, "t"); err != nil || n < 6<<20 || n > 7<<20 {
+		t.Errorf("stored: %d bytes, %v; want 6 MiB and a manifest", n, err)
+	}
+	_, err := m.CreateSnapshot(ctx, "t", "s")
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stored") {
+		t.Fatalf("a snapshot past the limit: %v", err)
+	}
+	fill("u", "0")
+	if _, err := m.CreateSnapshot(ctx, "u", "s"); err != nil {
+		t.Errorf("another tenant's snapshot: %v", err)
+	}
+	// A fresh count from the blob store (another server's, or after a
+	// restart) says the same.
+	m.StoredCollected()
+	if _, err := m.CreateSnapshot(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("a snapshot past the limit, counted afresh: %v", err)
+	}
+	for _, id := range ids {
+		if err := m.DeleteSnapshot(ctx, "t", "s", id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(filepath.Join(m.workspaceDir(key{"t", "s"}), "0")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.opt.Snapshots.Collect(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	m.StoredCollected()
+	if _, err := m.CreateSnapshot(ctx, "t", "s"); err != nil {
+		t.Errorf("a snapshot once collected: %v", err)
 	}
 }

@@ -38,6 +38,7 @@ func (m *Manager) reaper() {
 		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
 			collected = time.Now()
 			c, err := m.opt.Snapshots.Collect(m.ctx, collectGrace)
+			m.StoredCollected()
 			for _, key := range c.Unreadable {
 				m.log.Error("a snapshot manifest cannot be read; its snapshot cannot be restored", "manifest", key)
 			}

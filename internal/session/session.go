@@ -92,6 +92,10 @@ type Options struct {
 	Reaped func(took time.Duration, acted int)
 	// Pools sizes the warm pool of each template named.
 	Pools map[string]int
+	// StoredPrefixes returns the prefixes in the snapshots' blob store
+	// under which a tenant keeps bytes besides its snapshots (its
+	// presigned copies), for the StoredMB limit.
+	StoredPrefixes func(tenant string) []string
 	// Limits returns a tenant's limits; nil means none.
 	Limits func(tenant string) Limits
 	// MaxResources caps what one session may ask for, server-wide; zero
@@ -133,6 +137,7 @@ type Manager struct {
 	// quota check of one tenant with the insert it admits.
 	admit   sync.Mutex
 	tenants tenantLocks
+	stored  storedBytes
 }
 
 type key struct{ tenant, id string }

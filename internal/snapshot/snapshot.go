@@ -131,8 +131,9 @@ type Stats struct {
 	Data      int64 // of regular files less their holes and zero chunks
 	NewChunks int   // chunks written, not found in the store
 	NewBytes  int64
-	Skipped   int // FIFOs, sockets, devices: not saved
-	Reread    int // files read (not taken from the previous manifest)
+	Skipped   int   // FIFOs, sockets, devices: not saved
+	Reread    int   // files read (not taken from the previous manifest)
+	Manifest  int64 // the manifest's size
 }
 
 // chunkArea is where the chunks of the manifest at key are: a directory
@@ -148,6 +149,15 @@ func (s *Store) chunkArea(key string, version int) string {
 	ns, _, _ := strings.Cut(key, "/")
 	return s.prefix + "/tenants/" + ns + "/chunks/"
 }
+
+// Prefixes are where the blobs of namespace ns are: its manifests and its
+// chunks (not those of version 1 manifests, which share one area).
+func (s *Store) Prefixes(ns string) []string {
+	return []string{s.manifestKey(ns) + "/", s.prefix + "/tenants/" + ns + "/"}
+}
+
+// Blobs is the blob store the snapshots are in.
+func (s *Store) Blobs() blob.Store { return s.blobs }
 
 func chunkKey(area, sum string) string { return area + sum[:2] + "/" + sum }
 func (s *Store) manifestKey(key string) string {
@@ -220,7 +230,7 @@ func (s *Store) save(ctx context.Context, dir, key string, prev *Manifest, st *S
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.blobs.Put(ctx, s.manifestKey(key), r); err != nil {
+	if st.Manifest, err = s.blobs.Put(ctx, s.manifestKey(key), r); err != nil {
 		return nil, err
 	}
 	return m, nil

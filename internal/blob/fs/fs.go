@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
@@ -20,7 +22,15 @@ import (
 // Store keeps blobs under a directory.
 type Store struct {
 	dir string
+	// reserve is the free space a Put leaves its file system: the blob
+	// store shares the host's disk (R-72, the host's disk is not a
+	// tenant's to fill), so writes stop before it is full.
+	reserve int64
 }
+
+// Reserve is the free space Put leaves on the store's file system: 5% of
+// it, at most 2 GiB.
+func Reserve(fsSize int64) int64 { return min(fsSize/20, 2<<30) }
 
 var (
 	_ blob.Store = (*Store)(nil)
@@ -32,7 +42,24 @@ func New(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("blob store: %w", err)
 	}
-	return &Store{dir: dir}, nil
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return nil, fmt.Errorf("blob store: %w", err)
+	}
+	return &Store{dir: dir, reserve: Reserve(int64(st.Blocks) * st.Bsize)}, nil
+}
+
+// room fails when f's file system has less than the reserve free.
+func (s *Store) room(f *os.File) error {
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		return err
+	}
+	if free := int64(st.Bavail) * st.Bsize; free < s.reserve {
+		return fmt.Errorf("the blob store's disk has %d MiB free, less than the %d MiB kept free: %w",
+			free>>20, s.reserve>>20, errdefs.ErrResourceExhausted)
+	}
+	return nil
 }
 
 func (s *Store) path(key string) (string, error) {
@@ -55,7 +82,7 @@ func (s *Store) Put(ctx context.Context, key string, r io.Reader) (int64, error)
 	if err != nil {
 		return 0, err
 	}
-	n, err := copySparse(f, ctxReader{ctx, r})
+	n, err := copySparse(f, ctxReader{ctx, r}, func() error { return s.room(f) })
 	if err == nil {
 		err = f.Sync()
 	}
@@ -179,11 +206,13 @@ func notFound(key string, err error) error {
 // copySparse copies r into f, a new file, leaving blocks of zeros as
 // holes: a sparse file from a workspace (a presigned download of a
 // 100 GB file that is mostly holes) does not become 100 GB on disk.
-func copySparse(f *os.File, r io.Reader) (int64, error) {
+// room is asked before the first block of data and then every
+// roomEvery bytes of it.
+func copySparse(f *os.File, r io.Reader, room func() error) (int64, error) {
 	const block = 64 << 10
 	buf := make([]byte, block)
 	var zero [block]byte
-	var n int64
+	var n, data int64
 	for {
 		k, err := io.ReadFull(r, buf)
 		if k > 0 {
@@ -191,8 +220,16 @@ func copySparse(f *os.File, r io.Reader) (int64, error) {
 				if _, err := f.Seek(int64(k), io.SeekCurrent); err != nil {
 					return n, err
 				}
-			} else if _, err := f.Write(buf[:k]); err != nil {
-				return n, err
+			} else {
+				if data%roomEvery == 0 {
+					if err := room(); err != nil {
+						return n, err
+					}
+				}
+				if _, err := f.Write(buf[:k]); err != nil {
+					return n, err
+				}
+				data += int64(k)
 			}
 			n += int64(k)
 		}
@@ -205,6 +242,10 @@ func copySparse(f *os.File, r io.Reader) (int64, error) {
 		}
 	}
 }
+
+// roomEvery is how much data Put writes between looks at the free space:
+// a multiple of copySparse's block.
+const roomEvery = 16 << 20
 
 // ctxReader stops a long copy when ctx is done.
 type ctxReader struct {

@@ -2,6 +2,7 @@ package fs_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/blob/blobtest"
 	"github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 func TestConformance(t *testing.T) {
@@ -56,5 +58,44 @@ func TestPutSparse(t *testing.T) {
 	io.ReadFull(b, end)
 	if string(end) != "tail" {
 		t.Errorf("its end: %q", end)
+	}
+}
+
+type onesReader struct{}
+
+func (onesReader) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = 1
+	}
+	return len(p), nil
+}
+
+// A Put stops before the disk's free space falls under the reserve, and
+// leaves nothing behind: no tenant's snapshot fills the host's disk.
+func TestPutKeepsReserve(t *testing.T) {
+	dir := t.TempDir()
+	s, err := fs.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	// 20 MiB may be written; the blob is 1 GiB of data.
+	fs.SetReserve(s, int64(st.Bavail)*st.Bsize-20<<20)
+	_, err = s.Put(context.Background(), "big", io.LimitReader(onesReader{}, 1<<30))
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "kept free") {
+		t.Fatalf("Put past the reserve: %v", err)
+	}
+	if _, err := s.Stat(context.Background(), "big"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the blob after a refused Put: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".tmp-*")); len(left) > 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	// A blob of holes takes no room and is not refused.
+	if _, err := s.Put(context.Background(), "holes", io.LimitReader(zeroReader{}, 1<<30)); err != nil {
+		t.Errorf("a Put of holes: %v", err)
 	}
 }
