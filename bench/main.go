@@ -165,6 +165,8 @@ type row struct {
 	name     string
 	p50, p99 time.Duration
 	mem      uint64
+	// goal is the target; "(SPEC floor)" marks one of the performance
+	// floor in docs/REQUIREMENTS.md.
 	goal, vs string
 }
 

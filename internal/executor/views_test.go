@@ -34,8 +34,9 @@ func TestConversationViews(t *testing.T) {
 }
 
 // RunConversationViews checks what runs of a conversation see of the
-// workspace's uploads (SPEC "Conversation temp area"): their own temp area,
-// read-only, and by no path another conversation's.
+// workspace's uploads (the conversation temp area, docs/REQUIREMENTS.md,
+// "Terms"): their own temp area, read-only, and by no path another
+// conversation's.
 func RunConversationViews(t *testing.T, v ViewSandbox) {
 	v.plantUploads(t)
 	t.Run("own view", v.testOwnView)

@@ -163,7 +163,8 @@ func execOK(t *testing.T, c *client.Client, sid string, req api.ExecuteRequest) 
 	return res
 }
 
-// The data-analysis workload of SPEC, end to end over HTTP.
+// The data-analysis workload (docs/REQUIREMENTS.md, "Why sbx exists"), end
+// to end over HTTP.
 func TestDataAnalysisScenario(t *testing.T) {
 	rs := startReal(t, t.TempDir())
 	c := client.New(rs.URL)
@@ -237,7 +238,8 @@ print("saved")
 	}
 }
 
-// The question-answering workload of SPEC: one upload, read in parts.
+// The question-answering workload (docs/REQUIREMENTS.md, "Why sbx
+// exists"): one upload, read in parts.
 func TestQuestionAnsweringScenario(t *testing.T) {
 	rs := startReal(t, t.TempDir())
 	c := client.New(rs.URL)

@@ -17,7 +17,8 @@ import (
 
 // TestPythonClient installs the Python client (clients/python) with pip
 // from its path, the way its README says, and runs its unit tests and its
-// integration tests (the SPEC workloads driven as an agent drives them)
+// integration tests (the two workloads of docs/REQUIREMENTS.md, driven as
+// an agent drives them)
 // against a real server with runc sandboxes. The server is wrapped in the
 // contract checker, so every request the Python client makes is checked
 // against api/openapi.yaml too.

@@ -116,8 +116,9 @@ def handler(event):
 
 @unittest.skipUnless(URL, SKIP)
 class AgentWorkloadsTest(unittest.TestCase):
-    """The two workloads of SPEC, driven as an agent drives them: one user's
-    agent session (ensure_session), conversations c1 and c2."""
+    """The two workloads of docs/REQUIREMENTS.md, driven as an agent drives
+    them: one user's agent session (ensure_session), conversations c1 and
+    c2."""
 
     @classmethod
     def setUpClass(cls):

@@ -1,6 +1,6 @@
 // Package runtimetest is the conformance suite every runtime.Runtime passes:
-// lifecycle, recovery and the isolation (escape and abuse) checks of SPEC
-// R-70..R-75, all against real sandboxes.
+// lifecycle, recovery and the isolation (escape and abuse) checks of
+// R-70..R-75 (docs/REQUIREMENTS.md), all against real sandboxes.
 package runtimetest
 
 import (
