@@ -146,12 +146,12 @@ func (b *Btrfs) Remove(ctx context.Context, dir string) error {
 		return nil
 	}
 	if err != nil {
-		return os.RemoveAll(dir)
+		return RemoveAll(dir)
 	}
 	ok, err := isSubvolume(f)
 	f.Close()
 	if err != nil || !ok {
-		return os.RemoveAll(dir)
+		return RemoveAll(dir)
 	}
 	parent, name := filepath.Split(filepath.Clean(dir))
 	args, err := newVolArgs(name)
@@ -167,7 +167,7 @@ func (b *Btrfs) Remove(ctx context.Context, dir string) error {
 	if err != nil {
 		// ENOTEMPTY: it holds a subvolume of its own (which the sandbox's
 		// seccomp filter refuses to make); rmdir deletes empty ones.
-		if rerr := os.RemoveAll(dir); rerr != nil {
+		if rerr := RemoveAll(dir); rerr != nil {
 			return pathErr("remove", dir, errors.Join(err, rerr))
 		}
 	}

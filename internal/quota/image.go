@@ -64,7 +64,7 @@ func checkEmpty(dir string) error {
 	for _, e := range entries {
 		switch e.Name() {
 		case ".trash", ".pool":
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			if err := RemoveAll(filepath.Join(dir, e.Name())); err != nil {
 				return err
 			}
 		default:

@@ -32,7 +32,7 @@ func MoveEntries(from, to string) (undo func(), err error) {
 			os.Rename(filepath.Join(to, name), filepath.Join(from, name))
 		}
 		for _, name := range copied {
-			os.RemoveAll(filepath.Join(to, name))
+			RemoveAll(filepath.Join(to, name))
 		}
 	}
 	for _, de := range entries {

@@ -63,7 +63,7 @@ func (None) Make(_ context.Context, dir string, _ int64) error { return os.Mkdir
 func (None) SetLimit(context.Context, string, int64) error { return nil }
 
 // Remove removes dir.
-func (None) Remove(_ context.Context, dir string) error { return os.RemoveAll(dir) }
+func (None) Remove(_ context.Context, dir string) error { return RemoveAll(dir) }
 
 // Kind is "none".
 func (None) Kind() string { return "none" }

@@ -79,6 +79,6 @@ func (m *Manager) removeAll(ctx context.Context, dir string) error {
 	for _, e := range entries {
 		errs = append(errs, m.opt.Quota.Remove(ctx, filepath.Join(dir, e.Name())))
 	}
-	errs = append(errs, os.RemoveAll(dir))
+	errs = append(errs, quota.RemoveAll(dir))
 	return errors.Join(errs...)
 }
