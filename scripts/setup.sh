@@ -25,10 +25,25 @@ pkgs+=(python3 python3-pip python3-setuptools python3-wheel)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	pkgs+=(nodejs npm)
 fi
+# The PostgreSQL server, for the tests of the PostgreSQL metadata store:
+# they run initdb and postgres themselves, in a temporary directory
+# (internal/testenv/pgtest), and never use a system cluster.
+pkgs+=(postgresql)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Installing a postgresql-NN package creates and starts a "main" cluster
+# on port 5432 unless createcluster.conf (which includes createcluster.d)
+# says not to: say so before the first install.
+if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+	mkdir -p /etc/postgresql-common/createcluster.d
+	cat >/etc/postgresql-common/createcluster.d/sbx.conf <<-'EOF'
+		# Written by sbx scripts/setup.sh: sbx's tests start PostgreSQL clusters of
+		# their own and need no system cluster.
+		create_main_cluster = false
+	EOF
+fi
 if [ ${#missing[@]} -gt 0 ]; then
 	echo "setup: apt-get install ${missing[*]}"
 	export DEBIAN_FRONTEND=noninteractive

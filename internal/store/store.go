@@ -1,7 +1,7 @@
 // Package store defines the control plane's metadata store: the records of
 // sessions, executions and uploads that must outlive a server process.
-// Backends: sqlite (one server, the default); PostgreSQL comes with
-// scale-out. Every backend passes storetest.Run.
+// Backends: sqlite (one server, the default) and postgres (servers that
+// share one database: scale-out). Every backend passes storetest.Run.
 //
 // The conventions every backend keeps:
 //   - Errors wrap the errdefs categories: ErrNotFound, ErrAlreadyExists,

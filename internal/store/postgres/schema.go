@@ -1,0 +1,147 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+)
+
+// migrations[i] takes the schema from version i to i+1; schema_migrations
+// records the versions a database has. Append to change the schema; never
+// edit an entry a release has shipped.
+var migrations = []string{
+	// 1: the schema of sqlite's version 3.
+	//
+	// Every text column is COLLATE "C": byte order, whatever the
+	// database's default, so that ids and paths sort as Go compares them
+	// and a path's subtree is the range [path/, path0) (see DeleteUploads).
+	// Times are timestamptz (microseconds), NULL when zero.
+	`
+CREATE TABLE sessions (
+	tenant           text COLLATE "C" NOT NULL,
+	id               text COLLATE "C" NOT NULL,
+	status           text COLLATE "C" NOT NULL,
+	template_id      text COLLATE "C" NOT NULL,
+	sandbox_id       text COLLATE "C" NOT NULL,
+	error_message    text COLLATE "C" NOT NULL,
+	metadata         jsonb NOT NULL, -- an object: what reads return
+	config           json,
+	created_at       timestamptz NOT NULL,
+	updated_at       timestamptz,
+	last_activity_at timestamptz,
+	expires_at       timestamptz,
+	due_at           timestamptz,
+	disk_mb          bigint NOT NULL,
+	PRIMARY KEY (tenant, id)
+);
+CREATE INDEX sessions_by_created ON sessions (tenant, created_at, id);
+CREATE INDEX sessions_by_status ON sessions (tenant, status, created_at, id);
+-- The reaper's schedule. Partial: sessions that are never due (terminated
+-- ones) cost it nothing.
+CREATE INDEX sessions_by_due ON sessions (due_at) WHERE due_at IS NOT NULL;
+
+-- session_metadata repeats sessions.metadata one pair a row, and the
+-- session's created_at, so that the sessions with a pair, newest first, are
+-- a walk of one index that stops when the page is full.
+CREATE TABLE session_metadata (
+	tenant     text COLLATE "C" NOT NULL,
+	session_id text COLLATE "C" NOT NULL,
+	key        text COLLATE "C" NOT NULL,
+	value      text COLLATE "C" NOT NULL,
+	created_at timestamptz NOT NULL,
+	PRIMARY KEY (tenant, session_id, key)
+);
+CREATE INDEX session_metadata_by_pair ON session_metadata (tenant, key, value, created_at, session_id);
+
+-- request and result are json, not jsonb: the store never looks inside
+-- them, json keeps them as sent without parsing them into a tree (a result
+-- can be tens of MiB), and jsonb refuses \u0000, which a program's output
+-- can hold.
+CREATE TABLE executions (
+	id              text COLLATE "C" NOT NULL PRIMARY KEY,
+	tenant          text COLLATE "C" NOT NULL,
+	session_id      text COLLATE "C" NOT NULL,
+	status          text COLLATE "C" NOT NULL,
+	language        text COLLATE "C" NOT NULL,
+	conversation_id text COLLATE "C" NOT NULL,
+	context_id      text COLLATE "C" NOT NULL,
+	request         json,
+	result          json,
+	created_at      timestamptz NOT NULL,
+	started_at      timestamptz,
+	finished_at     timestamptz
+);
+CREATE INDEX executions_by_session ON executions (tenant, session_id, created_at, id);
+-- Counting by status and finding the unfinished at start read only this.
+CREATE INDEX executions_by_status ON executions (status);
+
+CREATE TABLE uploads (
+	tenant          text COLLATE "C" NOT NULL,
+	session_id      text COLLATE "C" NOT NULL,
+	path            text COLLATE "C" NOT NULL,
+	conversation_id text COLLATE "C" NOT NULL,
+	size            bigint NOT NULL,
+	sha256          text COLLATE "C" NOT NULL,
+	created_at      timestamptz,
+	PRIMARY KEY (tenant, session_id, path)
+);
+CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversation_id, path);
+`,
+}
+
+// migrationLock is the key of the advisory lock a migration holds: any
+// fixed number, the same in every release. Advisory locks are per
+// database, so stores of other databases on the server do not wait on it.
+const migrationLock = 0x7362785f6d696772 // "sbx_migr"
+
+// migrate brings the schema to the newest version of list, one migration
+// per transaction. Servers starting at once migrate a database once: each
+// transaction first takes the advisory lock, then reads the version, so
+// the second server to get the lock sees what the first committed.
+func migrate(ctx context.Context, pool *pgxpool.Pool, list []string) error {
+	for {
+		done, err := migrateOne(ctx, pool, list)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// migrateOne applies the first migration of list the database lacks, and
+// reports whether there was none.
+func migrateOne(ctx context.Context, pool *pgxpool.Pool, list []string) (done bool, err error) {
+	// READ COMMITTED: each statement sees what was committed before it
+	// began, so the version read after the lock is granted is current. In
+	// REPEATABLE READ the snapshot would date from before the wait.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, int64(migrationLock)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    integer PRIMARY KEY,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return err
+		}
+		var v int
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(max(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+			return err
+		}
+		switch {
+		case v > len(list):
+			return fmt.Errorf("schema version %d is newer than this binary's %d: %w", v, len(list), errdefs.ErrFailedPrecondition)
+		case v == len(list):
+			done = true
+			return nil
+		}
+		if _, err := tx.Exec(ctx, list[v]); err != nil {
+			return fmt.Errorf("migrate to version %d: %w", v+1, err)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version) VALUES ($1)`, v+1)
+		return err
+	})
+	return done, err
+}

@@ -1,0 +1,79 @@
+package postgres
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
+)
+
+// TestMigrateOnce runs migrations that would show being applied twice (an
+// INSERT counts each run) from many pools at once, then a failing one.
+func TestMigrateOnce(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	list := []string{
+		`CREATE TABLE runs (version int NOT NULL); INSERT INTO runs VALUES (1)`,
+		`INSERT INTO runs VALUES (2)`,
+		`INSERT INTO runs VALUES (3)`,
+	}
+	const n = 8
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		errs  = make([]error, n)
+	)
+	for i := range n {
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		wg.Go(func() {
+			<-start
+			errs[i] = migrate(ctx, pool, list)
+		})
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("migrate %d: %v", i, err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	count := func(q string) int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, q).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if got := count(`SELECT count(*) FROM runs`); got != 3 {
+		t.Errorf("the migrations ran %d times in all, want 3 (once each)", got)
+	}
+	if got := count(`SELECT count(DISTINCT version) FROM schema_migrations WHERE version BETWEEN 1 AND 3`); got != 3 {
+		t.Errorf("schema_migrations has %d of versions 1..3", got)
+	}
+
+	// Each migration is a transaction of its own: a failing one leaves
+	// those before it applied, and nothing of itself.
+	list = append(list, `INSERT INTO runs VALUES (4)`, `INSERT INTO runs VALUES (5); SELECT 1/0`)
+	if err := migrate(ctx, pool, list); err == nil {
+		t.Fatal("a failing migration succeeded")
+	}
+	if got := count(`SELECT max(version) FROM schema_migrations`); got != 4 {
+		t.Errorf("after a failing version 5 the schema is at version %d, want 4", got)
+	}
+	if got := count(`SELECT count(*) FROM runs`); got != 4 {
+		t.Errorf("runs has %d rows after a failing version 5, want 4", got)
+	}
+}
