@@ -15,6 +15,9 @@ import (
 	goruntime "runtime"
 	"strings"
 	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
@@ -86,6 +89,9 @@ func run() error {
 		return fmt.Errorf("inner seccomp filter: %w", err)
 	}
 	cfg.SeccompFilter = filter
+	if err := narrowCapabilities(); err != nil {
+		return err
+	}
 
 	srv, err := executor.New(cfg)
 	if err != nil {
@@ -118,4 +124,29 @@ func readEnvFile(path string) (map[string]string, error) {
 		}
 	}
 	return env, nil
+}
+
+// ownCaps are the capabilities this process uses itself: to signal user
+// code, which runs as another uid (CAP_KILL, 5), and to list a workspace
+// whatever modes user code gave its directories (CAP_DAC_READ_SEARCH, 2).
+const ownCaps = 1<<unix.CAP_KILL | 1<<unix.CAP_DAC_READ_SEARCH
+
+// narrowCapabilities leaves only ownCaps effective, in every thread. The
+// rest stay permitted, for the zygote alone: it is exec'd as root, under
+// no_new_privs, so it gets the permitted set and no more, and it needs it
+// to give each execution its own namespaces and to drop to the sandbox
+// user. What this process does with paths a sandbox controls (the
+// workspace, the control directory) runs without them.
+func narrowCapabilities() error {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	data[0].Effective &= ownCaps
+	data[1].Effective = 0
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); errno != 0 {
+		return fmt.Errorf("capset: %w", errno)
+	}
+	return nil
 }

@@ -34,7 +34,9 @@ const sandboxUID = 1000
 // and DAC_OVERRIDE went when nothing turned out to need them. They mean
 // nothing outside that namespace, and user code never has any of them
 // (the executor clears every set, the bounding set included, before it
-// runs user code).
+// runs user code). The executor itself leaves only KILL and
+// DAC_READ_SEARCH effective (cmd/sbx-executor); the rest are for the
+// zygote, whose workers make the namespaces.
 var executorCaps = []string{
 	"CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_SYS_ADMIN",
 }

@@ -62,10 +62,11 @@ print(' | '.join(bad) or 'none')`)
 		// The executor and its zygote keep what making each execution's
 		// namespaces and dropping to uid 1000 takes, and nothing that
 		// changes files they do not own: no CAP_CHOWN (0),
-		// CAP_DAC_OVERRIDE (1) or CAP_FOWNER (3).
+		// CAP_DAC_OVERRIDE (1) or CAP_FOWNER (3). The executor's own
+		// effective set is narrower still.
 		out := execRoot(t, h, s.ID, "python3", "-c", `
 import os
-bad = []
+bad, seen = [], set()
 for p in os.listdir('/proc'):
     if not p.isdigit():
         continue
@@ -81,6 +82,16 @@ for p in os.listdir('/proc'):
         for cap in (0, 1, 3):
             if v & (1 << cap):
                 bad.append('%s %s has %d' % (cmd, field, cap))
+    # The executor itself acts with CAP_DAC_READ_SEARCH (2) and CAP_KILL
+    # (5) only; the rest it keeps permitted for the zygote it starts.
+    eff = int(st['CapEff'].strip(), 16)
+    seen.add('executor' if cmd.endswith('sbx-executor') else 'zygote')
+    if cmd.endswith('sbx-executor') and eff != (1 << 2 | 1 << 5):
+        bad.append('%s CapEff is %x' % (cmd, eff))
+    if not cmd.endswith('sbx-executor') and not eff & (1 << 21):
+        bad.append('%s CapEff %x has no CAP_SYS_ADMIN: executions need it' % (cmd, eff))
+if seen != {'executor', 'zygote'}:
+    bad.append('saw only %s' % sorted(seen))
 print(' | '.join(bad) or 'none')`)
 		if out != "none" {
 			t.Errorf("privileged helpers hold capabilities they do not need: %s", out)
