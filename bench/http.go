@@ -20,11 +20,11 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
 var (
@@ -36,7 +36,7 @@ var (
 // controlPlane is an sbx server in this process on a loopback port, with
 // its own data directory.
 type controlPlane struct {
-	app    *server.App
+	app    *app.App
 	url    string
 	c      *client.Client
 	cancel context.CancelFunc
@@ -46,12 +46,12 @@ type controlPlane struct {
 
 var wsQuota = flag.String("workspace-quota", "auto", "the control planes' workspace quotas: auto (as sbx serve) or off, to measure what the quota costs")
 
-func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), configure ...func(*server.Config)) *controlPlane {
+func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), configure ...func(*app.Config)) *controlPlane {
 	// A run killed halfway leaves the workspace image mounted.
 	quota.Unmount(filepath.Join(dir, "workspaces"))
 	os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
-	cfg := server.Config{
+	cfg := app.Config{
 		DataDir: dir, StateDir: stateRoot, TemplateDir: filepath.Join(*dataDir, "templates"),
 		ExecutorPath: *exePath, Runtime: rt, WorkspaceQuota: *wsQuota,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})),
@@ -59,7 +59,7 @@ func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), con
 	for _, f := range configure {
 		f(&cfg)
 	}
-	app, err := server.Open(ctx, cfg)
+	a, err := app.Open(ctx, cfg)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -68,10 +68,10 @@ func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), con
 		log.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
-	cp := &controlPlane{app: app, url: url, c: client.New(url), cancel: cancel, done: make(chan struct{}), dir: dir}
+	cp := &controlPlane{app: a, url: url, c: client.New(url), cancel: cancel, done: make(chan struct{}), dir: dir}
 	go func() {
 		defer close(cp.done)
-		app.Serve(ctx, ln)
+		a.Serve(ctx, ln)
 	}()
 	return cp
 }

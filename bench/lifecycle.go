@@ -14,9 +14,9 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
@@ -152,7 +152,7 @@ for i in range(50):
 // the warm pool, against the cold start measured just before.
 func benchPool(ctx context.Context, rt *oci.Runtime, cold samples, add func(row)) {
 	cp := startControlPlane(filepath.Join(*dataDir, "bench-pool"), func(string) (runtime.Runtime, error) { return rt, nil },
-		func(c *server.Config) { c.Pools = map[string]int{"python": 2} })
+		func(c *app.Config) { c.Pools = map[string]int{"python": 2} })
 	defer cp.stop()
 	waitPool := func() {
 		for cp.app.Sessions.PoolSizes()["python"] < 2 {

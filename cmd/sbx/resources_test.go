@@ -11,9 +11,9 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
-	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
 // startServer runs a real server without sandboxes (every call but an
@@ -21,7 +21,7 @@ import (
 func startServer(t *testing.T) *httptest.Server {
 	t.Helper()
 	dir := t.TempDir()
-	app, err := server.Open(context.Background(), server.Config{
+	a, err := app.Open(context.Background(), app.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), TemplateDir: filepath.Join(dir, "templates"),
 		WorkspaceQuota: "off", // no sandboxes: nothing to hold to a quota
 		Runtime:        func(string) (runtime.Runtime, error) { return nil, errdefs.ErrUnavailable },
@@ -29,10 +29,10 @@ func startServer(t *testing.T) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(app.Server.Handler())
+	ts := httptest.NewServer(a.Server.Handler())
 	t.Cleanup(func() {
 		ts.Close()
-		app.Close()
+		a.Close()
 	})
 	return ts
 }

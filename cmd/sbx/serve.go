@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
@@ -40,6 +41,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		addr      = fs.String("addr", "127.0.0.1:7070", "listen `address`")
 		data      = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
 		state     = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
+		storeURL  = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
+		blobURL   = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) (env SBX_BLOB)")
 		tmplDir   = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level     = fs.String("log-level", "info", "debug, info, warn or error")
 		prebuild  = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
@@ -89,7 +92,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 2
 	}
-	if err := server.CheckAddr(*addr, keys); err != nil {
+	if err := app.CheckAddr(*addr, keys); err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 2
 	}
@@ -136,8 +139,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			templates = append(templates, t)
 		}
 	}
-	app, err := server.Open(ctx, server.Config{
+	a, err := app.Open(ctx, app.Config{
 		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
+		Store: *storeURL, Blob: *blobURL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
 		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes,
@@ -148,14 +152,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 1
 	}
-	defer app.Close()
+	defer a.Close()
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 1
 	}
 	log.Info("serving", "url", "http://"+ln.Addr().String(), "data_dir", *data, "tenants", len(keys))
-	if err := app.Serve(ctx, ln); err != nil {
+	if err := a.Serve(ctx, ln); err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 1
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -91,12 +92,12 @@ func startE2BServer(t *testing.T, keySpec string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return startE2B(t, t.TempDir(), func(c *server.Config) { c.Keys = keys }).URL
+	return startE2B(t, t.TempDir(), func(c *app.Config) { c.Keys = keys }).URL
 }
 
 // startE2B is startReal without the contract checker: the E2B routes are
 // not sbx's API and are not in api/openapi.yaml.
-func startE2B(t *testing.T, dir string, configure ...func(*server.Config)) *realServer {
+func startE2B(t *testing.T, dir string, configure ...func(*app.Config)) *realServer {
 	t.Helper()
 	return openReal(t, dir, func(h http.Handler) http.Handler { return h }, configure...)
 }

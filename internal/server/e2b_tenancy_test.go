@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
@@ -29,7 +30,7 @@ const (
 // layer does up to running code works), called in-process so that a test
 // sees whether a handler read a request's body.
 type e2bServer struct {
-	app *server.App
+	app *app.App
 	h   http.Handler
 }
 
@@ -39,7 +40,7 @@ func openE2BServer(t *testing.T, dir string, tokenTTL time.Duration, keySpecs ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	app, err := server.Open(context.Background(), server.Config{
+	a, err := app.Open(context.Background(), app.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), Keys: keys, Runtime: noRuntime,
 		TemplateDir: filepath.Join(dir, "templates"), Log: testLog(t), E2BTokenTTL: tokenTTL,
 		ReapInterval:   time.Hour, // nothing but the calls under test touches the sessions
@@ -48,7 +49,7 @@ func openE2BServer(t *testing.T, dir string, tokenTTL time.Duration, keySpecs ..
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &e2bServer{app: app, h: app.Server.Handler()}
+	return &e2bServer{app: a, h: a.Server.Handler()}
 }
 
 // tripwire is a request body that remembers being read.

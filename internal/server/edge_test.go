@@ -20,6 +20,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/internal/apitest"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 )
 
@@ -37,7 +38,7 @@ func startEdge(t *testing.T, edge server.EdgeLimits, keySpecs ...string) *testSe
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	app, err := server.Open(context.Background(), server.Config{
+	a, err := app.Open(context.Background(), app.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), Keys: keys, Runtime: noRuntime,
 		TemplateDir: filepath.Join(dir, "templates"), Log: testLog(t), Edge: edge,
 		WorkspaceQuota: "off", // no sandboxes: nothing to hold to a quota
@@ -46,13 +47,13 @@ func startEdge(t *testing.T, edge server.EdgeLimits, keySpecs ...string) *testSe
 		t.Fatal(err)
 	}
 	ts := httptest.NewUnstartedServer(nil)
-	ts.Config = app.Server.HTTPServer()
+	ts.Config = a.Server.HTTPServer()
 	ts.Start()
 	t.Cleanup(func() {
 		ts.Close()
-		app.Close()
+		a.Close()
 	})
-	return &testServer{Server: ts, app: app, dir: dir, keys: keys}
+	return &testServer{Server: ts, app: a, dir: dir, keys: keys}
 }
 
 // TestJSONNeedsItsContentType: a JSON body must say so. A browser sends
@@ -414,7 +415,7 @@ func TestDownloadsAreAttachments(t *testing.T) {
 // without a runtime gives executions).
 func FuzzHandler(f *testing.F) {
 	dir := f.TempDir()
-	app, err := server.Open(context.Background(), server.Config{
+	a, err := app.Open(context.Background(), app.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), Runtime: noRuntime,
 		TemplateDir: filepath.Join(dir, "templates"), Log: slog.New(slog.DiscardHandler),
 		WorkspaceQuota: "off", // no sandboxes: nothing to hold to a quota
@@ -422,8 +423,8 @@ func FuzzHandler(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Cleanup(app.Close)
-	h := app.Server.Handler()
+	f.Cleanup(a.Close)
+	h := a.Server.Handler()
 	for _, s := range [][6]string{
 		{"POST", "/api/v1/sessions", "localhost:7070", "application/json", "", `{"session_id":"s"}`},
 		{"POST", "/api/v1/sessions", "localhost", "text/plain", "http://evil.example", `{"session_id":"x"}`},

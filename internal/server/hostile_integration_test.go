@@ -15,6 +15,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
@@ -70,7 +71,7 @@ func TestHostileLDPreload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := startReal(t, filepath.Join(dir, "data"), func(c *server.Config) { c.Keys = keys })
+	rs := startReal(t, filepath.Join(dir, "data"), func(c *app.Config) { c.Keys = keys })
 	ctx := context.Background()
 	mallory := client.New(rs.URL, client.WithAPIKey("key-mallory"))
 	victim := client.New(rs.URL, client.WithAPIKey("key-victim"))
@@ -141,7 +142,7 @@ func TestHostileSandboxQuota(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := startReal(t, t.TempDir(), func(c *server.Config) { c.Keys, c.TenantLimits = keys, limits })
+	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.Keys, c.TenantLimits = keys, limits })
 	ctx := context.Background()
 	mallory := client.New(rs.URL, client.WithAPIKey("key-mallory"))
 	victim := client.New(rs.URL, client.WithAPIKey("key-victim"))

@@ -20,11 +20,11 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/internal/apitest"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -33,19 +33,19 @@ import (
 // cache and a fresh database in dir.
 type realServer struct {
 	*httptest.Server
-	app *server.App
+	app *app.App
 	dir string
 	rt  *oci.Runtime
 }
 
-func startReal(t *testing.T, dir string, configure ...func(*server.Config)) *realServer {
+func startReal(t *testing.T, dir string, configure ...func(*app.Config)) *realServer {
 	t.Helper()
 	return openReal(t, dir, func(h http.Handler) http.Handler { return apitest.Handler(t, h) }, configure...)
 }
 
 // openReal is startReal with the handler wrapped by wrap instead of the
 // contract checker.
-func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, configure ...func(*server.Config)) *realServer {
+func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, configure ...func(*app.Config)) *realServer {
 	t.Helper()
 	env := testenv.New(t)
 	state := filepath.Join(env.StateRoot, "srv")
@@ -53,7 +53,7 @@ func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, co
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := server.Config{
+	cfg := app.Config{
 		DataDir: dir, StateDir: state, TemplateDir: testenv.TemplateDir(), ExecutorPath: env.Executor,
 		Runtime: func(name string) (runtime.Runtime, error) {
 			if name == "" || name == "runc" {
@@ -75,12 +75,12 @@ func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, co
 			}
 		})
 	}
-	app, err := server.Open(context.Background(), cfg)
+	a, err := app.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(wrap(app.Server.Handler()))
-	rs := &realServer{Server: ts, app: app, dir: dir, rt: rt}
+	ts := httptest.NewServer(wrap(a.Server.Handler()))
+	rs := &realServer{Server: ts, app: a, dir: dir, rt: rt}
 	t.Cleanup(func() {
 		rs.stop()
 		destroySandboxes(t, rt)

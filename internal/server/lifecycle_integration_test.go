@@ -18,12 +18,12 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -126,7 +126,7 @@ func TestLazyAndWarmUp(t *testing.T) {
 // and terminates one past its TTL; every call in between resumes the
 // session transparently with its files.
 func TestIdlePauseHibernateExpire(t *testing.T) {
-	rs := startReal(t, t.TempDir(), func(c *server.Config) { c.ReapInterval = 100 * time.Millisecond })
+	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.ReapInterval = 100 * time.Millisecond })
 	c := client.New(rs.URL)
 	ctx := context.Background()
 	newSession(t, c, api.CreateSessionRequest{SessionID: "idle", TemplateID: "python", IdleTimeout: 1, HibernateTimeout: 3, Timeout: 30})
@@ -321,7 +321,7 @@ func TestSandboxKilledFromOutside(t *testing.T) {
 // Past --max-sandboxes, executions get a retryable 503 while session and
 // file calls go on working.
 func TestDegradesWhenSandboxesRunOut(t *testing.T) {
-	rs := startReal(t, t.TempDir(), func(c *server.Config) { c.MaxSandboxes = 1 })
+	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.MaxSandboxes = 1 })
 	c := client.New(rs.URL)
 	ctx := context.Background()
 	newSession(t, c, api.CreateSessionRequest{SessionID: "first", TemplateID: "python"})
@@ -458,7 +458,7 @@ func countSandboxes(t *testing.T, state string) map[string]int {
 // see another's files or processes.
 func TestWarmPool(t *testing.T) {
 	testenv.New(t).Rootfs(t, "python")
-	rs := startReal(t, t.TempDir(), func(c *server.Config) { c.Pools = map[string]int{"python": 1} })
+	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.Pools = map[string]int{"python": 1} })
 	c := client.New(rs.URL)
 	ctx := context.Background()
 	waitPool := func() {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -42,7 +43,7 @@ func TestMCPNode(t *testing.T) {
 
 	testenv.New(t).Rootfs(t, "python")
 	const key = "mcp-node-key-1"
-	rs := startReal(t, t.TempDir(), func(cfg *server.Config) {
+	rs := startReal(t, t.TempDir(), func(cfg *app.Config) {
 		keys, err := server.ParseKeys([]string{key + ":mcp"})
 		if err != nil {
 			t.Fatal(err)

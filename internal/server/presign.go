@@ -41,8 +41,8 @@ const (
 	presignKeep    = maxPresignExpiry*time.Second + presignRefresh + time.Hour
 )
 
-// collectPresigned removes the copies no unexpired URL can name.
-func collectPresigned(ctx context.Context, blobs blob.Store, now time.Time) (n int, err error) {
+// CollectPresigned removes the copies no unexpired URL can name.
+func CollectPresigned(ctx context.Context, blobs blob.Store, now time.Time) (n int, err error) {
 	infos, err := blobs.List(ctx, "presigned/")
 	if err != nil {
 		return 0, err
@@ -87,8 +87,9 @@ func presignNamespace(signingKey []byte, tenant string) string {
 	return hex.EncodeToString(mac.Sum(nil))[:32]
 }
 
-// presignPrefix is where the tenant's presigned copies are.
-func presignPrefix(signingKey []byte, tenant string) string {
+// PresignPrefix is where the tenant's presigned copies are in the blob
+// store, for what it stores (session.Options.StoredPrefixes).
+func PresignPrefix(signingKey []byte, tenant string) string {
 	return "presigned/" + presignNamespace(signingKey, tenant) + "/"
 }
 
@@ -105,7 +106,7 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 		s.writeError(w, r, err)
 		return
 	}
-	sum, stored, err := copyPresigned(r.Context(), s.opt.Blobs, presignPrefix(s.opt.SigningKey, tenant(r)), file)
+	sum, stored, err := copyPresigned(r.Context(), s.opt.Blobs, PresignPrefix(s.opt.SigningKey, tenant(r)), file)
 	s.opt.Sessions.AddStored(tenant(r), stored)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -211,7 +212,8 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, api.Health{Status: "ok"})
 }
 
-// readyz: GET /readyz: the store answers and sandboxes can be run.
+// readyz: GET /readyz: the store answers, and so does every check of
+// Options.Ready (the blob store, the sandbox runtime).
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{"store": "ok"}
 	if err := s.opt.Store.Ping(r.Context()); err != nil {

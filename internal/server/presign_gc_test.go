@@ -31,7 +31,7 @@ func TestCollectPresigned(t *testing.T) {
 		old := now.Add(-age)
 		os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old)
 	}
-	n, err := collectPresigned(ctx, blobs, now)
+	n, err := CollectPresigned(ctx, blobs, now)
 	if err != nil || n != 1 {
 		t.Fatalf("collected %d, %v; want 1", n, err)
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
-	"github.com/sbx-sandbox/sbx/internal/server"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
@@ -57,7 +57,7 @@ except OSError as e:
     print('stopped:', os.strerror(e.errno), 'after', n, 'files')`},
 }
 
-func startQuotaServer(t *testing.T, configure ...func(*server.Config)) *realServer {
+func startQuotaServer(t *testing.T, configure ...func(*app.Config)) *realServer {
 	testenv.New(t).Rootfs(t, "python")
 	return startReal(t, t.TempDir(), configure...)
 }
@@ -114,7 +114,7 @@ except OSError as e:
 // A warm-pool claim moves the session's files into the pooled sandbox's
 // workspace, whose quota must then be the session's.
 func TestWorkspaceQuotaAfterPoolClaim(t *testing.T) {
-	rs := startQuotaServer(t, func(c *server.Config) { c.Pools = map[string]int{"python": 1} })
+	rs := startQuotaServer(t, func(c *app.Config) { c.Pools = map[string]int{"python": 1} })
 	c := client.New(rs.URL)
 	ctx := context.Background()
 	deadline := time.Now().Add(2 * time.Minute)

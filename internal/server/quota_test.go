@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
@@ -29,7 +30,7 @@ func TestTenantQuotas(t *testing.T) {
 	if tenants["alpha"] != (session.Limits{Sessions: 2, DiskMB: 2048, History: 4, StoredMB: 1}) {
 		t.Fatalf("alpha's limits: %+v", tenants["alpha"])
 	}
-	ts := startConfigured(t, func(c *server.Config) {
+	ts := startConfigured(t, func(c *app.Config) {
 		c.Limits, c.TenantLimits = defaults, tenants
 		c.MaxResources = api.Resources{CPU: 1, Memory: 2048}
 	}, "key-alpha-1:alpha", "key-beta-1:beta")

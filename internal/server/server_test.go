@@ -23,6 +23,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/internal/apitest"
+	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/server"
@@ -38,7 +39,7 @@ func noRuntime(string) (runtime.Runtime, error) {
 
 type testServer struct {
 	*httptest.Server
-	app  *server.App
+	app  *app.App
 	dir  string
 	keys server.Keys
 }
@@ -51,14 +52,14 @@ func start(t *testing.T, keySpecs ...string) *testServer {
 }
 
 // startConfigured is start with configure applied to the server's config.
-func startConfigured(t *testing.T, configure func(*server.Config), keySpecs ...string) *testServer {
+func startConfigured(t *testing.T, configure func(*app.Config), keySpecs ...string) *testServer {
 	t.Helper()
 	keys, err := server.ParseKeys(keySpecs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	cfg := server.Config{
+	cfg := app.Config{
 		DataDir: dir, StateDir: filepath.Join(dir, "state"), Keys: keys, Runtime: noRuntime,
 		TemplateDir: filepath.Join(dir, "templates"), Log: testLog(t),
 		WorkspaceQuota: "off", // no sandboxes: nothing to hold to a quota
@@ -66,16 +67,16 @@ func startConfigured(t *testing.T, configure func(*server.Config), keySpecs ...s
 	if configure != nil {
 		configure(&cfg)
 	}
-	app, err := server.Open(context.Background(), cfg)
+	a, err := app.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(apitest.Handler(t, app.Server.Handler()))
+	ts := httptest.NewServer(apitest.Handler(t, a.Server.Handler()))
 	t.Cleanup(func() {
 		ts.Close()
-		app.Close()
+		a.Close()
 	})
-	return &testServer{Server: ts, app: app, dir: dir, keys: keys}
+	return &testServer{Server: ts, app: a, dir: dir, keys: keys}
 }
 
 func (ts *testServer) client(key string) *client.Client {
@@ -377,14 +378,14 @@ func TestAuthAndTenancy(t *testing.T) {
 }
 
 func TestRefusesOpenAddressWithoutKeys(t *testing.T) {
-	if err := server.CheckAddr("0.0.0.0:7070", nil); err == nil {
+	if err := app.CheckAddr("0.0.0.0:7070", nil); err == nil {
 		t.Error("0.0.0.0 without keys accepted")
 	}
-	if err := server.CheckAddr("127.0.0.1:7070", nil); err != nil {
+	if err := app.CheckAddr("127.0.0.1:7070", nil); err != nil {
 		t.Error(err)
 	}
 	keys, _ := server.ParseKeys([]string{"abcdefgh"})
-	if err := server.CheckAddr("0.0.0.0:7070", keys); err != nil {
+	if err := app.CheckAddr("0.0.0.0:7070", keys); err != nil {
 		t.Error(err)
 	}
 	for _, bad := range []string{"short", "has space:t", "goodkey1:bad/tenant"} {

@@ -1,11 +1,14 @@
-package server
+// Package app is sbx's composition root: it picks the backends (metadata
+// store, blob store, sandbox runtime, workspace quotas) from the
+// configuration, wires the control plane's services to them, and runs the
+// background work (reaper, collectors). Nothing else constructs them.
+package app
 
 import (
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/sbx-sandbox/sbx/api"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -16,17 +19,17 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
-	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -42,12 +45,19 @@ type Config struct {
 	// DataDir holds the database (sbx.db), templates, workspaces, blobs and
 	// the URL signing key. Default /var/lib/sbx.
 	DataDir string
+	// Store is the URL of the metadata store: sqlite:///PATH (default
+	// DataDir/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=...
+	// (backends.go).
+	Store string
+	// Blob is the URL of the blob store: file:///PATH (default
+	// DataDir/blobs).
+	Blob string
 	// StateDir holds sandbox bundles and runtime state. Default /run/sbx.
 	StateDir string
-	// Keys are the API keys and their tenants (see ParseKeys). None: no
+	// Keys are the API keys and their tenants (see server.ParseKeys). None: no
 	// authentication, loopback only, everything belongs to tenant
 	// "default".
-	Keys Keys
+	Keys server.Keys
 	// Prebuild names templates to build in the background at start, so
 	// that the first session of each does not wait for it.
 	Prebuild []string
@@ -70,7 +80,7 @@ type Config struct {
 	// Pools sizes the warm pool of each template named (R-64).
 	Pools map[string]int
 	// Limits are every tenant's limits (R-79; zero fields: no bound), and
-	// TenantLimits a tenant's own, in place of them (ParseLimits).
+	// TenantLimits a tenant's own, in place of them (server.ParseLimits).
 	Limits       session.Limits
 	TenantLimits map[string]session.Limits
 	// MaxResources caps what one session may ask for; zero fields are the
@@ -80,8 +90,8 @@ type Config struct {
 	// a create or a connect, stays good. Default 24h (e2b.DefaultTokenTTL).
 	E2BTokenTTL time.Duration
 	// Edge bounds how slowly a client may send headers and bodies and how
-	// long an idle connection stays open (EdgeLimits has the defaults).
-	Edge EdgeLimits
+	// long an idle connection stays open (server.EdgeLimits has the defaults).
+	Edge server.EdgeLimits
 	// Snapshots bounds what one snapshot or hibernation may walk, read
 	// and take (depth 256, paths of 4096 bytes, 1,000,000 entries, 64 GiB,
 	// 30 minutes unless set); its manifests are spooled in DataDir/tmp
@@ -131,7 +141,7 @@ func openQuota(ctx context.Context, cfg Config, log *slog.Logger) (quota.Dirs, e
 
 // App is a running control plane: everything `sbx serve` wires together.
 type App struct {
-	Server   *Server
+	Server   *server.Server
 	Store    store.Store
 	Sessions *session.Manager
 	Execs    *execution.Service
@@ -167,7 +177,7 @@ func (a *App) collect(content *cas.Store, blobs blob.Store) {
 			a.log.Info("collected unused resource content", "files", files, "bytes", bytes)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), collectInterval)
-		n, err := collectPresigned(ctx, blobs, time.Now())
+		n, err := server.CollectPresigned(ctx, blobs, time.Now())
 		cancel()
 		if n > 0 {
 			a.Sessions.StoredCollected()
@@ -205,11 +215,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := sqlite.Open(ctx, filepath.Join(cfg.DataDir, "sbx.db"))
+	st, err := openStore(ctx, cfg.Store, cfg.DataDir)
 	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
+		return nil, err
 	}
-	blobs, err := blobfs.New(filepath.Join(cfg.DataDir, "blobs"))
+	blobs, err := openBlobs(ctx, cfg.Blob, cfg.DataDir)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -249,13 +259,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, err
 	}
-	var metrics *Metrics
+	var metrics *server.Metrics
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
-		StoredPrefixes: func(tenant string) []string { return []string{presignPrefix(key, tenant)} },
+		StoredPrefixes: func(tenant string) []string { return []string{server.PresignPrefix(key, tenant)} },
 		Limits: func(tenant string) session.Limits {
 			if l, ok := cfg.TenantLimits[tenant]; ok {
 				return l
@@ -274,7 +284,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			}
 		},
 	})
-	metrics = NewMetrics(st, mgr)
+	metrics = server.NewMetrics(st, mgr)
 	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished})
 	if err := execs.Recover(ctx); err != nil {
 		execs.Close()
@@ -295,12 +305,14 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, err
 	}
-	srv := New(Options{
+	srv := server.New(server.Options{
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Content: content, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
 			_, err := newRuntime("")
-			return map[string]error{"runtime": err}
+			return map[string]error{"blob": blobReady(ctx, blobs), "runtime": err}
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
@@ -342,7 +354,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 // CheckAddr refuses a non-loopback address when there are no API keys.
-func CheckAddr(addr string, keys Keys) error {
+func CheckAddr(addr string, keys server.Keys) error {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("address %q: %w", addr, err)

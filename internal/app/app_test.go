@@ -1,0 +1,121 @@
+package app_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/app"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func noRuntime(string) (runtime.Runtime, error) {
+	return nil, fmt.Errorf("no runtime in these tests: %w", errdefs.ErrUnavailable)
+}
+
+func config(t *testing.T) app.Config {
+	dir := t.TempDir()
+	return app.Config{
+		DataDir: dir, StateDir: filepath.Join(dir, "state"), Runtime: noRuntime,
+		WorkspaceQuota: "off", Log: slog.New(slog.DiscardHandler),
+	}
+}
+
+// Bad backend URLs fail Open with one line that names the flag and says
+// what is wanted, and never repeat a password.
+func TestBackendURLs(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		store, blob string
+		want        string
+	}{
+		{store: "mysql://u:hunter2@h/db", want: "--store"},
+		{store: "sqlite://relative/sbx.db", want: "absolute path"},
+		{store: "sqlite:///tmp/x.db?mode=ro", want: "absolute path"},
+		{store: "postgres://u:hunter2@127.0.0.1:1/db?sslmode=disable&connect_timeout=2", want: "--store postgres"},
+		{store: "postgres://u:hunter2@[::1/db", want: "--store"},
+		{blob: "ftp://u:hunter2@h/x", want: "--blob"},
+		{blob: "file://blobs", want: "absolute path"},
+	} {
+		cfg := config(t)
+		cfg.Store, cfg.Blob = tc.store, tc.blob
+		a, err := app.Open(ctx, cfg)
+		if err == nil {
+			a.Close()
+			t.Errorf("store %q blob %q: opened", tc.store, tc.blob)
+			continue
+		}
+		msg := err.Error()
+		if !strings.Contains(msg, tc.want) || strings.Contains(msg, "hunter2") || strings.Contains(msg, "\n") {
+			t.Errorf("store %q blob %q: %q, want one line with %q and no password", tc.store, tc.blob, msg, tc.want)
+		}
+	}
+}
+
+// A server on PostgreSQL and an explicit file:// blob store serves
+// sessions, and /readyz names the checks it made.
+func TestOpenPostgres(t *testing.T) {
+	cfg := config(t)
+	cfg.Store = pgtest.URL(t)
+	cfg.Blob = "file://" + filepath.Join(t.TempDir(), "blobs")
+	a, err := app.Open(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ts := httptest.NewServer(a.Server.Handler())
+	defer ts.Close()
+	c := client.New(ts.URL)
+	ctx := context.Background()
+	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "on-pg"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := c.GetSession(ctx, "on-pg")
+	if err != nil || s.SessionID != "on-pg" {
+		t.Fatalf("get: %+v %v", s, err)
+	}
+	resp, err := http.Get(ts.URL + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var h api.Health
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		t.Fatal(err)
+	}
+	// No runtime here: unavailable, but the store and blob store answer.
+	if h.Checks["store"] != "ok" || h.Checks["blob"] != "ok" || h.Checks["runtime"] == "ok" {
+		t.Errorf("readyz: %d %+v", resp.StatusCode, h)
+	}
+}
+
+// A store that stops answering shows in /readyz.
+func TestReadyzStore(t *testing.T) {
+	a, err := app.Open(context.Background(), config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.Store.Close()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest("GET", "/readyz", nil)
+	req.Host = "127.0.0.1"
+	a.Server.Handler().ServeHTTP(rec, req)
+	var h api.Health
+	json.Unmarshal(rec.Body.Bytes(), &h)
+	if rec.Code != 503 || h.Checks["store"] == "ok" || h.Checks["blob"] != "ok" {
+		t.Errorf("readyz with a closed store: %d %s", rec.Code, rec.Body)
+	}
+}

@@ -1,0 +1,111 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/internal/blob"
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/store/postgres"
+	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
+)
+
+// Backends are chosen by URL:
+//
+//	--store  sqlite:///var/lib/sbx/sbx.db (the default, under DataDir)
+//	         postgres://user:pass@host:port/db?sslmode=...
+//	--blob   file:///var/lib/sbx/blobs (the default, under DataDir)
+//
+// A URL that names no backend, or a backend that cannot be reached, fails
+// Open with one line that says which and why; a password in a URL is
+// never repeated in it.
+
+// openStore opens the metadata store raw names ("" is the default).
+func openStore(ctx context.Context, raw, dataDir string) (store.Store, error) {
+	if raw == "" {
+		raw = "sqlite://" + filepath.Join(dataDir, "sbx.db")
+	}
+	scheme, rest, _ := strings.Cut(raw, "://")
+	switch scheme {
+	case "sqlite":
+		path, err := localPath(raw, rest)
+		if err != nil {
+			return nil, fmt.Errorf("--store: %w", err)
+		}
+		st, err := sqlite.Open(ctx, path)
+		if err != nil {
+			return nil, fmt.Errorf("--store %s: %w", raw, err)
+		}
+		return st, nil
+	case "postgres", "postgresql":
+		st, err := postgres.Open(ctx, raw)
+		if err != nil {
+			return nil, fmt.Errorf("--store postgres: %w", err)
+		}
+		return st, nil
+	}
+	return nil, fmt.Errorf("--store %q: want sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/DB: %w", redact(raw), errdefs.ErrInvalidArgument)
+}
+
+// openBlobs opens the blob store raw names ("" is the default).
+func openBlobs(_ context.Context, raw, dataDir string) (blob.Store, error) {
+	if raw == "" {
+		raw = "file://" + filepath.Join(dataDir, "blobs")
+	}
+	scheme, rest, _ := strings.Cut(raw, "://")
+	switch scheme {
+	case "file":
+		path, err := localPath(raw, rest)
+		if err != nil {
+			return nil, fmt.Errorf("--blob: %w", err)
+		}
+		b, err := blobfs.New(path)
+		if err != nil {
+			return nil, fmt.Errorf("--blob %s: %w", raw, err)
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("--blob %q: want file:///PATH: %w", redact(raw), errdefs.ErrInvalidArgument)
+}
+
+// localPath is the absolute path of a sqlite:// or file:// URL.
+func localPath(raw, rest string) (string, error) {
+	if rest == "" || !strings.HasPrefix(rest, "/") || strings.ContainsAny(rest, "?#") {
+		return "", fmt.Errorf("%q: want an absolute path after the scheme, as in %s:///var/lib/sbx/...: %w",
+			raw, strings.SplitN(raw, ":", 2)[0], errdefs.ErrInvalidArgument)
+	}
+	return filepath.Clean(rest), nil
+}
+
+// redact is raw without the password it may hold.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		if strings.Contains(raw, "@") {
+			return "(a URL that does not parse)"
+		}
+		return raw
+	}
+	return u.Redacted()
+}
+
+// pinger is a blob store that can say whether it answers.
+type pinger interface{ Ping(context.Context) error }
+
+// blobReady says whether the blob store answers, for /readyz (which asks
+// the metadata store itself).
+func blobReady(ctx context.Context, blobs blob.Store) error {
+	if p, ok := blobs.(pinger); ok {
+		return p.Ping(ctx)
+	}
+	if _, err := blobs.Stat(ctx, "readyz"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	return nil
+}
