@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Errors of EnsureSession, for errors.Is: the create call failed, or

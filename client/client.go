@@ -23,7 +23,7 @@ import (
 	"strings"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Client talks to one sbx server. It is safe for concurrent use.

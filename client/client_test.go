@@ -17,8 +17,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/apitest"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

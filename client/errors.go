@@ -11,23 +11,24 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 )
 
 // The error codes of the API (api/openapi.yaml, ErrorBody.code).
 const (
-	CodeInvalidArgument      = "invalid_argument"
-	CodeUnauthenticated      = "unauthenticated"
-	CodePermissionDenied     = "permission_denied"
-	CodeNotFound             = "not_found"
-	CodeAlreadyExists        = "already_exists"
-	CodeFailedPrecondition   = "failed_precondition"
-	CodePayloadTooLarge      = "payload_too_large"
-	CodeUnsupportedMediaType = "unsupported_media_type"
-	CodeUnprocessable        = "unprocessable"
-	CodeResourceExhausted    = "resource_exhausted"
-	CodeInternal             = "internal"
-	CodeUnavailable          = "unavailable"
+	CodeInvalidArgument      = errhttp.CodeInvalidArgument
+	CodeUnauthenticated      = errhttp.CodeUnauthenticated
+	CodePermissionDenied     = errhttp.CodePermissionDenied
+	CodeNotFound             = errhttp.CodeNotFound
+	CodeAlreadyExists        = errhttp.CodeAlreadyExists
+	CodeFailedPrecondition   = errhttp.CodeFailedPrecondition
+	CodePayloadTooLarge      = errhttp.CodePayloadTooLarge
+	CodeUnsupportedMediaType = errhttp.CodeUnsupportedMediaType
+	CodeUnprocessable        = errhttp.CodeUnprocessable
+	CodeResourceExhausted    = errhttp.CodeResourceExhausted
+	CodeInternal             = errhttp.CodeInternal
+	CodeUnavailable          = errhttp.CodeUnavailable
 )
 
 // APIError is an error the server answered with.
@@ -48,27 +49,9 @@ func (e *APIError) Error() string {
 	return fmt.Sprintf("sbx: %d %s: %s", e.StatusCode, e.Code, e.Message)
 }
 
-// Unwrap gives the error's category as one of the sentinels of
-// internal/errdefs, so that errors.Is(err, errdefs.ErrNotFound) holds
-// within this module. Outside it, use IsNotFound and IsUnavailable, or
-// errors.As and Code.
-func (e *APIError) Unwrap() error {
-	switch e.Code {
-	case CodeInvalidArgument, CodeUnsupportedMediaType:
-		return errdefs.ErrInvalidArgument
-	case CodeNotFound:
-		return errdefs.ErrNotFound
-	case CodeAlreadyExists:
-		return errdefs.ErrAlreadyExists
-	case CodeFailedPrecondition:
-		return errdefs.ErrFailedPrecondition
-	case CodeResourceExhausted, CodePayloadTooLarge, CodeUnprocessable:
-		return errdefs.ErrResourceExhausted
-	case CodeUnavailable:
-		return errdefs.ErrUnavailable
-	}
-	return nil
-}
+// Unwrap gives the error's category, one of the sentinels of errdefs
+// (errhttp.FromCode), so that errors.Is(err, errdefs.ErrNotFound) holds.
+func (e *APIError) Unwrap() error { return errhttp.FromCode(e.Code) }
 
 // IsNotFound reports whether err says that the session, execution or file
 // does not exist.
@@ -91,7 +74,7 @@ func readError(resp *http.Response) *APIError {
 	}
 	// Not the API's error body: a proxy's page, say, or a Range refused by
 	// the file server.
-	e.Code = codeOf(resp.StatusCode)
+	e.Code = errhttp.CodeOf(resp.StatusCode)
 	e.Message = strings.TrimSpace(string(b))
 	if len(e.Message) > 200 {
 		e.Message = e.Message[:200] + "..."
@@ -100,60 +83,6 @@ func readError(resp *http.Response) *APIError {
 		e.Message = http.StatusText(resp.StatusCode)
 	}
 	return e
-}
-
-// codeOf is the code a status stands for.
-func codeOf(status int) string {
-	switch status {
-	case http.StatusBadRequest, http.StatusRequestedRangeNotSatisfiable, http.StatusMethodNotAllowed:
-		return CodeInvalidArgument
-	case http.StatusUnauthorized:
-		return CodeUnauthenticated
-	case http.StatusForbidden:
-		return CodePermissionDenied
-	case http.StatusNotFound:
-		return CodeNotFound
-	case http.StatusConflict:
-		return CodeFailedPrecondition
-	case http.StatusRequestEntityTooLarge:
-		return CodePayloadTooLarge
-	case http.StatusUnsupportedMediaType:
-		return CodeUnsupportedMediaType
-	case http.StatusUnprocessableEntity:
-		return CodeUnprocessable
-	case http.StatusTooManyRequests:
-		return CodeResourceExhausted
-	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return CodeUnavailable
-	}
-	return CodeInternal
-}
-
-// statusOf is the status a code stands for.
-func statusOf(code string) int {
-	switch code {
-	case CodeInvalidArgument:
-		return http.StatusBadRequest
-	case CodeUnauthenticated:
-		return http.StatusUnauthorized
-	case CodePermissionDenied:
-		return http.StatusForbidden
-	case CodeNotFound:
-		return http.StatusNotFound
-	case CodeAlreadyExists, CodeFailedPrecondition:
-		return http.StatusConflict
-	case CodePayloadTooLarge:
-		return http.StatusRequestEntityTooLarge
-	case CodeUnsupportedMediaType:
-		return http.StatusUnsupportedMediaType
-	case CodeUnprocessable:
-		return http.StatusUnprocessableEntity
-	case CodeResourceExhausted:
-		return http.StatusTooManyRequests
-	case CodeUnavailable:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
 }
 
 // retryAfter reads a Retry-After header: seconds, or an HTTP date.

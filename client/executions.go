@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 )
 
 func executionPath(id, rest string) (string, error) {
@@ -230,7 +231,7 @@ func (c *Client) ExecuteStream(ctx context.Context, sessionID string, req api.Ex
 			if err := json.Unmarshal([]byte(ev.data), &e); err != nil {
 				return nil, fmt.Errorf("execution %s: event %s: %w", id, ev.name, err)
 			}
-			return nil, &APIError{StatusCode: statusOf(e.Error.Code), Code: e.Error.Code, Message: e.Error.Message}
+			return nil, &APIError{StatusCode: errhttp.StatusOf(e.Error.Code), Code: e.Error.Code, Message: e.Error.Message}
 		}
 		// Other events are for later versions of the API.
 	}

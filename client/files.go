@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // UploadOptions say where uploaded files go.

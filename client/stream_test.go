@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 func TestSSEReader(t *testing.T) {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 const sessionUsage = `usage: sbx session COMMAND [flags] [ARGS]

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Store is a content-addressed store. Its methods are safe for concurrent

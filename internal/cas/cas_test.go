@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 func sum(s string) string {

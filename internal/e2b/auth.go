@@ -5,13 +5,13 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
@@ -44,8 +44,6 @@ const (
 	purposeEnvd    = "envd"
 	purposeTraffic = "traffic"
 )
-
-var errUnauthenticated = errors.New("unauthenticated")
 
 // Auth is how requests are authenticated: the main API's keys.
 type Auth struct {
@@ -90,7 +88,7 @@ func callerOf(r *http.Request) (caller, bool) {
 func (h *Handler) apiTenant(r *http.Request) (string, error) {
 	c, ok := callerOf(r)
 	if !ok {
-		return "", fmt.Errorf("the request was not authenticated: %w", errUnauthenticated)
+		return "", fmt.Errorf("the request was not authenticated: %w", errdefs.ErrUnauthenticated)
 	}
 	return c.tenant, nil
 }
@@ -100,7 +98,7 @@ func (h *Handler) apiTenant(r *http.Request) (string, error) {
 func (h *Handler) sandboxTenant(r *http.Request) (id, tenant string, err error) {
 	c, ok := callerOf(r)
 	if !ok || c.sandbox == "" {
-		return "", "", fmt.Errorf("the request was not authenticated: %w", errUnauthenticated)
+		return "", "", fmt.Errorf("the request was not authenticated: %w", errdefs.ErrUnauthenticated)
 	}
 	return c.sandbox, c.tenant, nil
 }
@@ -119,11 +117,11 @@ func (h *Handler) authAPI(r *http.Request) (caller, error) {
 		}
 	}
 	if key == "" {
-		return caller{}, fmt.Errorf("missing API key: set E2B_API_KEY to a key the sbx server was given: %w", errUnauthenticated)
+		return caller{}, fmt.Errorf("missing API key: set E2B_API_KEY to a key the sbx server was given: %w", errdefs.ErrUnauthenticated)
 	}
 	t, digest, ok := a.Lookup(key)
 	if !ok {
-		return caller{}, fmt.Errorf("invalid API key: %w", errUnauthenticated)
+		return caller{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
 	}
 	return caller{tenant: t, key: digest}, nil
 }
@@ -150,14 +148,14 @@ func (h *Handler) authSandbox(r *http.Request, port string) (caller, error) {
 	case h.opt.Auth.Lookup == nil:
 		c.tenant = h.opt.Auth.DefaultTenant
 	default:
-		return caller{}, fmt.Errorf("sandbox %s: missing X-Access-Token (the envdAccessToken the server gave at create or connect): %w", id, errUnauthenticated)
+		return caller{}, fmt.Errorf("sandbox %s: missing X-Access-Token (the envdAccessToken the server gave at create or connect): %w", id, errdefs.ErrUnauthenticated)
 	}
 	s, err := h.opt.Sessions.Get(r.Context(), c.tenant, id)
 	if err != nil {
 		return caller{}, err
 	}
 	if tok != "" && s.CreatedAt.UnixMicro() != created {
-		return caller{}, fmt.Errorf("sandbox %s: the access token is of an earlier sandbox of this id: %w", id, errUnauthenticated)
+		return caller{}, fmt.Errorf("sandbox %s: the access token is of an earlier sandbox of this id: %w", id, errdefs.ErrUnauthenticated)
 	}
 	return c, nil
 }
@@ -191,7 +189,7 @@ func (h *Handler) tokenMAC(purpose, tenant, id string, exp, created int64, key [
 // without keys), then its expiry. It returns the tenant and the session's
 // created_at the token was made for.
 func (h *Handler) verifyToken(purpose, tok, id string) (string, int64, error) {
-	bad := fmt.Errorf("sandbox %s: the access token is not this sandbox's: %w", id, errUnauthenticated)
+	bad := fmt.Errorf("sandbox %s: the access token is not this sandbox's: %w", id, errdefs.ErrUnauthenticated)
 	parts := strings.Split(tok, ".")
 	if len(parts) != 4 {
 		return "", 0, bad
@@ -216,7 +214,7 @@ func (h *Handler) verifyToken(purpose, tok, id string) (string, int64, error) {
 		return "", 0, bad
 	}
 	if !h.clock().Before(time.Unix(exp, 0)) {
-		return "", 0, fmt.Errorf("sandbox %s: the access token has expired: Sandbox.connect gets a fresh one: %w", id, errUnauthenticated)
+		return "", 0, fmt.Errorf("sandbox %s: the access token has expired: Sandbox.connect gets a fresh one: %w", id, errdefs.ErrUnauthenticated)
 	}
 	return tenant, created, nil
 }

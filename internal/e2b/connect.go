@@ -12,7 +12,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs/errconnect"
 )
 
 // The in-sandbox daemon of E2B (envd) speaks the Connect protocol
@@ -48,57 +49,14 @@ func message(err error) string {
 	return err.Error()
 }
 
-// connectCode maps an error to its Connect code: the one place sbx's
-// error categories become Connect codes.
+// connectCode maps an error to its Connect code: an rpcError says its
+// own, every other error is of a category (errconnect).
 func connectCode(err error) string {
 	var re *rpcError
-	switch {
-	case errors.As(err, &re):
+	if errors.As(err, &re) {
 		return re.Code
-	case errors.Is(err, errUnauthenticated):
-		return "unauthenticated"
-	case errors.Is(err, errdefs.ErrNotFound):
-		return "not_found"
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return "invalid_argument"
-	case errors.Is(err, errdefs.ErrAlreadyExists):
-		return "already_exists"
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
-		return "failed_precondition"
-	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return "resource_exhausted"
-	case errors.Is(err, errdefs.ErrUnavailable):
-		return "unavailable"
 	}
-	return "internal"
-}
-
-// connectStatus is the HTTP status of a unary call that failed with code,
-// as the Connect spec has it.
-func connectStatus(code string) int {
-	switch code {
-	case "canceled":
-		return 499
-	case "invalid_argument", "failed_precondition", "out_of_range":
-		return http.StatusBadRequest
-	case "deadline_exceeded":
-		return http.StatusGatewayTimeout
-	case "not_found":
-		return http.StatusNotFound
-	case "already_exists", "aborted":
-		return http.StatusConflict
-	case "permission_denied":
-		return http.StatusForbidden
-	case "resource_exhausted":
-		return http.StatusTooManyRequests
-	case "unimplemented":
-		return http.StatusNotImplemented
-	case "unavailable":
-		return http.StatusServiceUnavailable
-	case "unauthenticated":
-		return http.StatusUnauthorized
-	}
-	return http.StatusInternalServerError
+	return errconnect.Code(err)
 }
 
 // unimplemented is the error of a method sbx does not offer.
@@ -192,7 +150,7 @@ func writeUnaryError(w http.ResponseWriter, err error) {
 	code := connectCode(err)
 	b, _ := json.Marshal(rpcError{Code: code, Message: message(err)})
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(connectStatus(code))
+	w.WriteHeader(errconnect.HTTPStatus(code))
 	w.Write(b)
 }
 

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
@@ -127,7 +127,7 @@ func seconds(v *float64, def int64) (int64, error) {
 func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request) {
 	c, ok := callerOf(r)
 	if !ok {
-		h.writeErr(w, r, fmt.Errorf("the request was not authenticated: %w", errUnauthenticated))
+		h.writeErr(w, r, fmt.Errorf("the request was not authenticated: %w", errdefs.ErrUnauthenticated))
 		return
 	}
 	tenant := c.tenant

@@ -23,7 +23,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
@@ -163,23 +164,11 @@ func (h *Handler) live(ctx context.Context, tenant, id string) (*session.Session
 	return s, nil
 }
 
-// apiStatus maps an error to the HTTP status of E2B's REST APIs.
+// apiStatus maps an error to the HTTP status of E2B's REST APIs: the
+// same as sbx's own (errhttp).
 func apiStatus(err error) int {
-	switch {
-	case errors.Is(err, errUnauthenticated):
-		return http.StatusUnauthorized
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return http.StatusBadRequest
-	case errors.Is(err, errdefs.ErrNotFound):
-		return http.StatusNotFound
-	case errors.Is(err, errdefs.ErrAlreadyExists), errors.Is(err, errdefs.ErrFailedPrecondition):
-		return http.StatusConflict
-	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return http.StatusTooManyRequests
-	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
+	status, _ := errhttp.ToHTTP(err)
+	return status
 }
 
 // writeErr answers a REST call (control plane, /files, the interpreter)

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -104,7 +104,7 @@ func TestUnaryErrors(t *testing.T) {
 		{fmt.Errorf("x: %w", errdefs.ErrInvalidArgument), "invalid_argument", 400},
 		{fmt.Errorf("x: %w", errdefs.ErrAlreadyExists), "already_exists", 409},
 		{fmt.Errorf("x: %w", errdefs.ErrUnavailable), "unavailable", 503},
-		{fmt.Errorf("x: %w", errUnauthenticated), "unauthenticated", 401},
+		{fmt.Errorf("x: %w", errdefs.ErrUnauthenticated), "unauthenticated", 401},
 		{unimplemented("no"), "unimplemented", 501},
 		{errors.New("boom"), "internal", 500},
 	}
@@ -126,7 +126,7 @@ func TestAPIStatus(t *testing.T) {
 		fmt.Errorf("x: %w", errdefs.ErrNotFound):           404,
 		fmt.Errorf("x: %w", errdefs.ErrInvalidArgument):    400,
 		fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition): 409,
-		fmt.Errorf("x: %w", errUnauthenticated):            401,
+		fmt.Errorf("x: %w", errdefs.ErrUnauthenticated):            401,
 		fmt.Errorf("x: %w", errdefs.ErrUnavailable):        503,
 		errors.New("boom"):                                 500,
 	} {
@@ -287,17 +287,17 @@ func TestTokens(t *testing.T) {
 		"garbage":                     {purposeEnvd, "garbage", "isbx1"},
 		"empty parts":                 {purposeEnvd, "...", "isbx1"},
 	} {
-		if _, _, err := h.verifyToken(tc.purpose, tc.tok, tc.id); !errors.Is(err, errUnauthenticated) {
-			t.Errorf("%s: %v, want errUnauthenticated", name, err)
+		if _, _, err := h.verifyToken(tc.purpose, tc.tok, tc.id); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("%s: %v, want errdefs.ErrUnauthenticated", name, err)
 		}
 	}
 	now = now.Add(time.Hour)
-	if _, _, err := h.verifyToken(purposeEnvd, envd, "isbx1"); !errors.Is(err, errUnauthenticated) || !strings.Contains(err.Error(), "expired") {
+	if _, _, err := h.verifyToken(purposeEnvd, envd, "isbx1"); !errors.Is(err, errdefs.ErrUnauthenticated) || !strings.Contains(err.Error(), "expired") {
 		t.Errorf("expired: %v", err)
 	}
 	now = now.Add(-time.Second)
 	digests["acme"] = [][32]byte{keyB}
-	if _, _, err := h.verifyToken(purposeEnvd, envd, "isbx1"); !errors.Is(err, errUnauthenticated) {
+	if _, _, err := h.verifyToken(purposeEnvd, envd, "isbx1"); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Errorf("the key it was made under is gone: %v", err)
 	}
 	digests["acme"] = [][32]byte{keyB, keyA}
@@ -313,7 +313,7 @@ func TestTokens(t *testing.T) {
 	}
 	h.opt.Auth.Lookup = func(string) (string, [32]byte, bool) { return "", [32]byte{}, false }
 	digests["default"] = [][32]byte{keyA}
-	if _, _, err := h.verifyToken(purposeEnvd, free, "isbx1"); !errors.Is(err, errUnauthenticated) {
+	if _, _, err := h.verifyToken(purposeEnvd, free, "isbx1"); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Errorf("a keyless token on a server with keys: %v", err)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"path"
 	"strings"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Paths. E2B's user works in /home/user; sbx's sandbox has its files at

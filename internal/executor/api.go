@@ -22,7 +22,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Version is the executor's version, reported by /health. Release builds

@@ -12,7 +12,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Client talks to one executor. It keeps connections alive between calls:

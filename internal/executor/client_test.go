@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 func TestClient(t *testing.T) {

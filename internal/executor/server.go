@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Config configures the executor. Zero fields take the documented defaults.

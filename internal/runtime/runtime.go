@@ -11,7 +11,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Runtime runs sandboxes. Implementations: oci (runc, runsc, crun).

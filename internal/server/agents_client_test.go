@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/sbx-sandbox/sbx/client"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // The Go client's agent file calls against a real server.

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // DefaultTenant owns everything when no API keys are configured, and the
@@ -74,7 +76,7 @@ func (s *Server) authenticate(h http.Handler) http.Handler {
 				if key != "" {
 					msg = "invalid API key"
 				}
-				s.writeError(w, r, fmt.Errorf("%s: %w", msg, errUnauthenticated))
+				s.writeError(w, r, fmt.Errorf("%s: %w", msg, errdefs.ErrUnauthenticated))
 				return
 			}
 		}

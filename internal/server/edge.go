@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // The edge treats every caller as an attacker (issue 13): it bounds how
@@ -104,7 +106,7 @@ func (s *Server) guard(h http.Handler) http.Handler {
 				return
 			}
 			if o := r.Header.Get("Origin"); o != "" && !sameOrigin(o, r) {
-				s.writeError(w, r, fmt.Errorf("origin %q is not this server's: without API keys the server refuses requests from web pages of other origins (cross-site request protection): %w", o, errPermissionDenied))
+				s.writeError(w, r, fmt.Errorf("origin %q is not this server's: without API keys the server refuses requests from web pages of other origins (cross-site request protection): %w", o, errdefs.ErrPermissionDenied))
 				return
 			}
 		}

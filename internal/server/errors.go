@@ -1,12 +1,11 @@
 package server
 
 import (
-	"context"
 	"errors"
 	"net/http"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 )
 
 // statusError is an error that must reach the client with a status more
@@ -24,41 +23,14 @@ func withStatus(status int, code string, err error) error {
 	return &statusError{status: status, code: code, err: err}
 }
 
-// errUnauthenticated is a request without a valid API key.
-var errUnauthenticated = errors.New("unauthenticated")
-
-// errPermissionDenied is a presigned URL whose signature does not hold.
-var errPermissionDenied = errors.New("permission denied")
-
-// status maps an error to its HTTP status and wire code: the one place
-// categories become statuses.
+// status maps an error to its HTTP status and wire code: a statusError
+// says its own, every other error is of a category (errhttp).
 func status(err error) (int, string) {
 	var se *statusError
-	switch {
-	case errors.As(err, &se):
+	if errors.As(err, &se) {
 		return se.status, se.code
-	case errors.Is(err, errUnauthenticated):
-		return http.StatusUnauthorized, "unauthenticated"
-	case errors.Is(err, errPermissionDenied):
-		return http.StatusForbidden, "permission_denied"
-	case errors.Is(err, errdefs.ErrTooLarge):
-		return http.StatusRequestEntityTooLarge, "payload_too_large"
-	case errors.Is(err, errdefs.ErrUnsupportedType):
-		return http.StatusUnsupportedMediaType, "unsupported_media_type"
-	case errors.Is(err, errdefs.ErrInvalidArgument):
-		return http.StatusBadRequest, "invalid_argument"
-	case errors.Is(err, errdefs.ErrNotFound):
-		return http.StatusNotFound, "not_found"
-	case errors.Is(err, errdefs.ErrAlreadyExists):
-		return http.StatusConflict, "already_exists"
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
-		return http.StatusConflict, "failed_precondition"
-	case errors.Is(err, errdefs.ErrResourceExhausted):
-		return http.StatusTooManyRequests, "resource_exhausted"
-	case errors.Is(err, errdefs.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable, "unavailable"
 	}
-	return http.StatusInternalServerError, "internal"
+	return errhttp.ToHTTP(err)
 }
 
 // writeError answers with {"error":{"code","message"}}. Internal errors

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/executor"
 )

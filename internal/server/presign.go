@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 // Presigned downloads. A presigned URL names a copy of the
@@ -179,16 +179,16 @@ func (s *Server) presigned(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	expires, err := strconv.ParseInt(q.Get("expires"), 10, 64)
 	if err != nil || !blobNamePattern.MatchString(sum) || (ns != "" && !nsPattern.MatchString(ns)) {
-		s.writeError(w, r, fmt.Errorf("not a presigned URL of this server: %w", errPermissionDenied))
+		s.writeError(w, r, fmt.Errorf("not a presigned URL of this server: %w", errdefs.ErrPermissionDenied))
 		return
 	}
 	want := s.sign(ns, sum, name, expires)
 	if !hmac.Equal([]byte(want), []byte(q.Get("signature"))) {
-		s.writeError(w, r, fmt.Errorf("the signature does not match: %w", errPermissionDenied))
+		s.writeError(w, r, fmt.Errorf("the signature does not match: %w", errdefs.ErrPermissionDenied))
 		return
 	}
 	if time.Now().Unix() > expires {
-		s.writeError(w, r, fmt.Errorf("the URL expired at %s: %w", time.Unix(expires, 0).UTC().Format(time.RFC3339), errPermissionDenied))
+		s.writeError(w, r, fmt.Errorf("the URL expired at %s: %w", time.Unix(expires, 0).UTC().Format(time.RFC3339), errdefs.ErrPermissionDenied))
 		return
 	}
 	key := "presigned/" + sum

@@ -6,7 +6,7 @@ import (
 	"math"
 	"sync"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Limits bound what one tenant holds at once, so that no tenant

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 // Collected says what a Collect did.

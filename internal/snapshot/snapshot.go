@@ -45,8 +45,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 // ChunkSize is the size of every chunk but a file's last.

@@ -18,8 +18,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 var ctx = context.Background()

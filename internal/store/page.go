@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // The page size bounds of ListSessions and ListExecutions.

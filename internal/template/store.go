@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // DefaultDir is where a store keeps its templates unless told otherwise.

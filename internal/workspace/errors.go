@@ -8,7 +8,7 @@ import (
 	"sync"
 	"syscall"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // errEscapes is the error os.Root gives when a path, or a symbolic link on

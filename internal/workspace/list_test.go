@@ -10,7 +10,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 func TestList(t *testing.T) {

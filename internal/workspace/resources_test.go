@@ -12,7 +12,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // contentDir is a stand-in for the content store: files named by their

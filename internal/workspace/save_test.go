@@ -14,7 +14,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // temps lists the temporary files Save left anywhere in the workspace.

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 // Run runs the suite against stores made by open (a fresh, empty one per

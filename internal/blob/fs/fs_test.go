@@ -10,10 +10,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/blob/blobtest"
 	"github.com/sbx-sandbox/sbx/internal/blob/fs"
-	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 func TestConformance(t *testing.T) {

@@ -1,7 +1,9 @@
 // Package errdefs holds the few error categories every layer of sbx wraps
-// its errors in. A caller tests a category with errors.Is; the HTTP layer
-// maps each category to a status once, at the edge. Never compare error
-// strings.
+// its errors in. A caller tests a category with errors.Is; the edges map
+// each category to a status once, in errhttp (REST, E2B's JSON APIs, and
+// the Go client back from the wire) and errconnect (E2B's Connect APIs).
+// Never compare error strings. The package is public so that users of the
+// Go client can test the categories of its errors.
 package errdefs
 
 import (
@@ -24,6 +26,12 @@ var (
 	ErrUnavailable = errors.New("unavailable")
 	// ErrResourceExhausted: a limit was reached.
 	ErrResourceExhausted = errors.New("resource exhausted")
+	// ErrUnauthenticated: the caller did not say who it is, or its
+	// credential (API key, access token) is not good.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: the credential is good but not for this (a
+	// presigned URL whose signature does not hold).
+	ErrPermissionDenied = errors.New("permission denied")
 
 	// Two narrower categories, of the file limits a client can hit through
 	// any front door. Each is also its broad category (errors.Is holds for
