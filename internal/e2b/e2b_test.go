@@ -126,9 +126,9 @@ func TestAPIStatus(t *testing.T) {
 		fmt.Errorf("x: %w", errdefs.ErrNotFound):           404,
 		fmt.Errorf("x: %w", errdefs.ErrInvalidArgument):    400,
 		fmt.Errorf("x: %w", errdefs.ErrFailedPrecondition): 409,
-		fmt.Errorf("x: %w", errdefs.ErrUnauthenticated):            401,
+		fmt.Errorf("x: %w", errdefs.ErrUnauthenticated):    401,
 		fmt.Errorf("x: %w", errdefs.ErrUnavailable):        503,
-		errors.New("boom"):                                 500,
+		errors.New("boom"): 500,
 	} {
 		if got := apiStatus(err); got != want {
 			t.Errorf("apiStatus(%v) = %d, want %d", err, got, want)
