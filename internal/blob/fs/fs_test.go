@@ -2,7 +2,9 @@ package fs_test
 
 import (
 	"context"
+	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/blob/blobtest"
 	"github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/errdefs"
 )
 
 func TestConformance(t *testing.T) {
@@ -56,5 +59,22 @@ func TestPutSparse(t *testing.T) {
 	io.ReadFull(b, end)
 	if string(end) != "tail" {
 		t.Errorf("its end: %q", end)
+	}
+}
+
+func TestOpenURL(t *testing.T) {
+	dir := t.TempDir()
+	for _, u := range []string{"file://" + dir + "/blobs", "file://localhost" + dir + "/blobs%20two"} {
+		if _, err := fs.Open(context.Background(), u); err != nil {
+			t.Errorf("Open(%s): %v", u, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "blobs two")); err != nil {
+		t.Errorf("the escaped path: %v", err)
+	}
+	for _, u := range []string{"", "/abs/path", "file://host/x", "file:relative", "file:///x?y=1", "s3://bucket", "file://u:p@/x"} {
+		if _, err := fs.Open(context.Background(), u); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidArgument", u, err)
+		}
 	}
 }
