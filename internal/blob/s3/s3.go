@@ -81,6 +81,15 @@ func Open(ctx context.Context, rawURL string) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("blob store %s: the AWS configuration: %v: %w", loc, err, errdefs.ErrInvalidArgument)
 	}
+	// The chain is tried here, not at the first request, so that a machine
+	// without credentials is told so rather than that S3 is unavailable.
+	if cfg.Credentials == nil {
+		return nil, fmt.Errorf("blob store %s: no AWS credentials provider: %w", loc, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := cfg.Credentials.Retrieve(ctx); err != nil {
+		return nil, fmt.Errorf("blob store %s: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE, or give the machine a role): %v: %w",
+			loc, oneLine(err), errdefs.ErrFailedPrecondition)
+	}
 	if cfg.Region == "" {
 		if loc.endpoint == "" {
 			return nil, fmt.Errorf("blob store %s: no region: add ?region= or set AWS_REGION: %w", loc, errdefs.ErrInvalidArgument)
@@ -176,10 +185,19 @@ func parseURL(rawURL string) (location, error) {
 	return loc, nil
 }
 
-// redact hides a password a URL carries by mistake.
+// redact hides a password a URL carries by mistake, even in a URL that
+// does not parse.
 func redact(rawURL string) string {
 	if u, err := url.Parse(rawURL); err == nil {
 		return u.Redacted()
+	}
+	_, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return rawURL
+	}
+	authority, _, _ := strings.Cut(rest, "/")
+	if i := strings.LastIndexByte(authority, '@'); i >= 0 {
+		return rawURL[:len(rawURL)-len(rest)] + "xxxxx" + rest[i:]
 	}
 	return rawURL
 }

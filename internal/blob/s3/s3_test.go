@@ -64,24 +64,26 @@ func TestOpenErrors(t *testing.T) {
 	l.Close()
 	for _, c := range []struct {
 		name, url string
-		secret    string // if not MinIO's
+		creds     []string // access key and secret, if not MinIO's
 		is        error
 		says      string
 	}{
-		{"scheme", "http://bucket/x", "", errdefs.ErrInvalidArgument, "the scheme is not s3"},
-		{"no bucket name", "s3:///x", "", errdefs.ErrInvalidArgument, "is not a bucket name"},
-		{"bad bucket name", "s3://Bad_Bucket", "", errdefs.ErrInvalidArgument, "is not a bucket name"},
-		{"bad prefix", "s3://bucket/a//../b", "", errdefs.ErrInvalidArgument, "is not a blob key"},
-		{"credentials in the URL", "s3://key:secret@bucket", "", errdefs.ErrInvalidArgument, "credentials do not go in the URL"},
-		{"unknown parameter", "s3://bucket?endpiont=http://x", "", errdefs.ErrInvalidArgument, `unknown parameter "endpiont"`},
-		{"bad endpoint", "s3://bucket?endpoint=127.0.0.1:9000", "", errdefs.ErrInvalidArgument, "is not an http:// or https:// URL"},
-		{"unreachable", fmt.Sprintf("s3://%s?endpoint=%s", b.Name, closed), "", errdefs.ErrUnavailable, "connection refused"},
-		{"wrong secret", b.URL, "not-the-secret", errdefs.ErrFailedPrecondition, "SignatureDoesNotMatch"},
-		{"no such bucket", strings.Replace(b.URL, b.Name, "no-such-bucket", 1), "", errdefs.ErrNotFound, "no such bucket"},
+		{"scheme", "http://bucket/x", nil, errdefs.ErrInvalidArgument, "the scheme is not s3"},
+		{"no bucket name", "s3:///x", nil, errdefs.ErrInvalidArgument, "is not a bucket name"},
+		{"bad bucket name", "s3://Bad_Bucket", nil, errdefs.ErrInvalidArgument, "is not a bucket name"},
+		{"bad prefix", "s3://bucket/a//../b", nil, errdefs.ErrInvalidArgument, "is not a blob key"},
+		{"credentials in the URL", "s3://key:secret@bucket", nil, errdefs.ErrInvalidArgument, "credentials do not go in the URL"},
+		{"unknown parameter", "s3://bucket?endpiont=http://x", nil, errdefs.ErrInvalidArgument, `unknown parameter "endpiont"`},
+		{"bad endpoint", "s3://bucket?endpoint=127.0.0.1:9000", nil, errdefs.ErrInvalidArgument, "is not an http:// or https:// URL"},
+		{"unreachable", fmt.Sprintf("s3://%s?endpoint=%s", b.Name, closed), nil, errdefs.ErrUnavailable, "connection refused"},
+		{"wrong secret", b.URL, []string{miniotest.AccessKey, "not-the-secret"}, errdefs.ErrFailedPrecondition, "SignatureDoesNotMatch"},
+		{"unknown key", b.URL, []string{"nobody", miniotest.SecretKey}, errdefs.ErrFailedPrecondition, "InvalidAccessKeyId"},
+		{"no credentials", b.URL, []string{"", ""}, errdefs.ErrFailedPrecondition, "no AWS credentials"},
+		{"no such bucket", strings.Replace(b.URL, b.Name, "no-such-bucket", 1), nil, errdefs.ErrNotFound, "no such bucket"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.secret != "" {
-				miniotest.SetEnv(t, miniotest.AccessKey, c.secret)
+			if c.creds != nil {
+				miniotest.SetEnv(t, c.creds[0], c.creds[1])
 			}
 			_, err := s3.Open(ctx, c.url)
 			if !errors.Is(err, c.is) || !strings.Contains(fmt.Sprint(err), c.says) || strings.Contains(fmt.Sprint(err), "\n") {
