@@ -142,6 +142,24 @@ if [ "$("$(go env GOPATH)/bin/staticcheck" -version 2>/dev/null | awk '{print $N
 	echo "setup: go install staticcheck@$staticcheck_version"
 	GOFLAGS= go install "honnef.co/go/tools/cmd/staticcheck@$staticcheck_version"
 fi
+# MinIO: a real S3 API for the tests of the S3 blob store
+# (internal/testenv/miniotest), built from the Go module proxy at a pinned
+# version into /usr/local/lib/sbx-test/minio, and again only when that
+# version changes (about 2.5 minutes on two cores). MinIO is AGPL-licensed:
+# tests run it as a separate process; no sbx package imports it and sbx does
+# not ship it. The proxy has only pseudo-versions of github.com/minio/minio;
+# this one's go.mod asks for go 1.24.
+minio_version=v0.0.0-20260212201848-7aac2a2c5b7c
+minio_dir=/usr/local/lib/sbx-test
+if [ "$(go version -m "$minio_dir/minio" 2>/dev/null | awk '$1 == "mod" && $2 == "github.com/minio/minio" { print $3 }')" != "$minio_version" ]; then
+	echo "setup: go install github.com/minio/minio@$minio_version (for the S3 tests)"
+	mkdir -p "$minio_dir"
+	if ! out=$(GOFLAGS= CGO_ENABLED=0 GOBIN="$minio_dir" go install -trimpath "github.com/minio/minio@$minio_version" 2>&1); then
+		echo "$out" >&2
+		echo "setup: building MinIO failed" >&2
+		exit 1
+	fi
+fi
 make --no-print-directory build
 if [ $# -gt 0 ]; then
 	exec make --no-print-directory "$@"

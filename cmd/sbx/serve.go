@@ -42,7 +42,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		data      = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
 		state     = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
 		storeURL  = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
-		blobURL   = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) (env SBX_BLOB)")
+		blobURL   = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) or s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION (credentials from the AWS environment and shared config; env SBX_BLOB)")
 		tmplDir   = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level     = fs.String("log-level", "info", "debug, info, warn or error")
 		prebuild  = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")

@@ -16,10 +16,11 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/testenv/miniotest"
 	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) { pgtest.Main(miniotest.WithServer(m)) }
 
 func noRuntime(string) (runtime.Runtime, error) {
 	return nil, fmt.Errorf("no runtime in these tests: %w", errdefs.ErrUnavailable)
@@ -47,7 +48,8 @@ func TestBackendURLs(t *testing.T) {
 		{store: "postgres://u:hunter2@127.0.0.1:1/db?sslmode=disable&connect_timeout=2", want: "--store postgres"},
 		{store: "postgres://u:hunter2@[::1/db", want: "--store"},
 		{blob: "ftp://u:hunter2@h/x", want: "--blob"},
-		{blob: "file://blobs", want: "absolute path"},
+		{blob: "file://blobs", want: "--blob"},
+		{blob: "s3://bucket?endpoint=http://127.0.0.1:1&region=us-east-1", want: "--blob"},
 	} {
 		cfg := config(t)
 		cfg.Store, cfg.Blob = tc.store, tc.blob
@@ -64,12 +66,12 @@ func TestBackendURLs(t *testing.T) {
 	}
 }
 
-// A server on PostgreSQL and an explicit file:// blob store serves
-// sessions, and /readyz names the checks it made.
-func TestOpenPostgres(t *testing.T) {
+// A server on PostgreSQL and S3 (MinIO) serves sessions and snapshots,
+// and /readyz names the checks it made.
+func TestOpenPostgresS3(t *testing.T) {
 	cfg := config(t)
 	cfg.Store = pgtest.URL(t)
-	cfg.Blob = "file://" + filepath.Join(t.TempDir(), "blobs")
+	cfg.Blob = miniotest.New(t).URL
 	a, err := app.Open(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -85,6 +87,13 @@ func TestOpenPostgres(t *testing.T) {
 	s, err := c.GetSession(ctx, "on-pg")
 	if err != nil || s.SessionID != "on-pg" {
 		t.Fatalf("get: %+v %v", s, err)
+	}
+	snap, err := c.CreateSnapshot(ctx, "on-pg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err := c.ListSnapshots(ctx, "on-pg"); err != nil || len(snaps) != 1 || snaps[0].SnapshotID != snap.SnapshotID {
+		t.Errorf("snapshots in S3: %+v %v", snaps, err)
 	}
 	resp, err := http.Get(ts.URL + "/readyz")
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/blob/s3"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/store/postgres"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
@@ -21,6 +22,9 @@ import (
 //	--store  sqlite:///var/lib/sbx/sbx.db (the default, under DataDir)
 //	         postgres://user:pass@host:port/db?sslmode=...
 //	--blob   file:///var/lib/sbx/blobs (the default, under DataDir)
+//	         s3://BUCKET/PREFIX?endpoint=http://127.0.0.1:9000&region=us-east-1
+//	         (path-style for MinIO; AWS S3 without endpoint; credentials
+//	         from the standard AWS environment and shared config files)
 //
 // A URL that names no backend, or a backend that cannot be reached, fails
 // Open with one line that says which and why; a password in a URL is
@@ -54,24 +58,26 @@ func openStore(ctx context.Context, raw, dataDir string) (store.Store, error) {
 }
 
 // openBlobs opens the blob store raw names ("" is the default).
-func openBlobs(_ context.Context, raw, dataDir string) (blob.Store, error) {
+func openBlobs(ctx context.Context, raw, dataDir string) (blob.Store, error) {
 	if raw == "" {
 		raw = "file://" + filepath.Join(dataDir, "blobs")
 	}
-	scheme, rest, _ := strings.Cut(raw, "://")
+	scheme, _, _ := strings.Cut(raw, "://")
 	switch scheme {
 	case "file":
-		path, err := localPath(raw, rest)
+		b, err := blobfs.Open(ctx, raw)
 		if err != nil {
 			return nil, fmt.Errorf("--blob: %w", err)
 		}
-		b, err := blobfs.New(path)
+		return b, nil
+	case "s3":
+		b, err := s3.Open(ctx, raw)
 		if err != nil {
-			return nil, fmt.Errorf("--blob %s: %w", raw, err)
+			return nil, fmt.Errorf("--blob: %w", err)
 		}
 		return b, nil
 	}
-	return nil, fmt.Errorf("--blob %q: want file:///PATH: %w", redact(raw), errdefs.ErrInvalidArgument)
+	return nil, fmt.Errorf("--blob %q: want file:///PATH or s3://BUCKET/PREFIX?endpoint=...&region=...: %w", redact(raw), errdefs.ErrInvalidArgument)
 }
 
 // localPath is the absolute path of a sqlite:// or file:// URL.

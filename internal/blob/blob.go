@@ -1,8 +1,8 @@
 // Package blob defines where sbx keeps bytes that outlive a sandbox and
-// are addressed by key rather than by workspace path: presigned downloads
-// now, snapshots and hibernated workspaces later. Backends: fs (local
-// files, the default); S3 comes with scale-out. Every backend passes
-// blobtest.Run.
+// are addressed by key rather than by workspace path: presigned downloads,
+// snapshots and hibernated workspaces. Backends: fs (local files, the
+// default) and s3 (any S3 API: AWS S3, MinIO), for servers that share
+// their blobs. Every backend passes blobtest.Run.
 package blob
 
 import (
@@ -26,8 +26,13 @@ type Store interface {
 	Stat(ctx context.Context, key string) (Info, error)
 	// Delete removes the blob; deleting an absent one is not an error.
 	Delete(ctx context.Context, key string) error
-	// List reports the blobs whose keys start with prefix.
-	List(ctx context.Context, prefix string) ([]Info, error)
+	// List calls fn with each blob whose key starts with prefix, in
+	// lexical (byte-wise) order of keys, as it walks them: a store of
+	// millions of blobs is never one slice in memory. When fn returns an
+	// error the walk stops and List returns that error. fn may Delete the
+	// blob it is given; a blob Put or deleted elsewhere during the walk
+	// may or may not be reported.
+	List(ctx context.Context, prefix string, fn func(Info) error) error
 }
 
 // Mover is a Store that can rename a blob in one step (the fs backend:
@@ -66,4 +71,21 @@ func ValidKey(key string) bool {
 		}
 	}
 	return true
+}
+
+var segmentStart = regexp.MustCompile(`^([A-Za-z0-9_-][A-Za-z0-9._-]{0,254})?$`)
+
+// ValidPrefix reports whether some valid key starts with prefix: a List
+// of any other prefix reports nothing.
+func ValidPrefix(prefix string) bool {
+	segs := strings.Split(prefix, "/")
+	if len(segs) > 16 {
+		return false
+	}
+	for _, s := range segs[:len(segs)-1] {
+		if !segment.MatchString(s) {
+			return false
+		}
+	}
+	return segmentStart.MatchString(segs[len(segs)-1])
 }

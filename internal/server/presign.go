@@ -43,19 +43,17 @@ const (
 
 // CollectPresigned removes the copies no unexpired URL can name.
 func CollectPresigned(ctx context.Context, blobs blob.Store, now time.Time) (n int, err error) {
-	infos, err := blobs.List(ctx, "presigned/")
-	if err != nil {
-		return 0, err
-	}
-	for _, info := range infos {
-		if now.Sub(info.ModTime) > presignKeep {
-			if err := blobs.Delete(ctx, info.Key); err != nil {
-				return n, err
-			}
-			n++
+	err = blobs.List(ctx, "presigned/", func(info blob.Info) error {
+		if now.Sub(info.ModTime) <= presignKeep {
+			return nil
 		}
-	}
-	return n, nil
+		if err := blobs.Delete(ctx, info.Key); err != nil {
+			return err
+		}
+		n++
+		return nil
+	})
+	return n, err
 }
 
 var blobNamePattern = regexp.MustCompile(`^[0-9a-f]{64}$`)

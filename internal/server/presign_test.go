@@ -20,6 +20,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/blob/blobtest"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
@@ -121,7 +122,7 @@ func TestPresignTenants(t *testing.T) {
 	os.WriteFile(file, []byte("same"), 0o644)
 	s := presignServer(t, blobs)
 	u1, u2 := presignFile(t, s, "t1", file), presignFile(t, s, "t2", file)
-	infos, _ := blobs.List(context.Background(), "presigned/")
+	infos, _ := blobtest.List(context.Background(), blobs, "presigned/")
 	if len(infos) != 2 || u1 == u2 {
 		t.Errorf("two tenants' copies: %v", infos)
 	}
@@ -150,7 +151,7 @@ func TestPresignSparse(t *testing.T) {
 	f.Close()
 	s := presignServer(t, blobs)
 	u := presignFile(t, s, "t", file)
-	infos, _ := blobs.List(context.Background(), "presigned/")
+	infos, _ := blobtest.List(context.Background(), blobs, "presigned/")
 	if len(infos) != 1 || infos[0].Size != 1<<30 {
 		t.Fatalf("copies: %+v", infos)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
@@ -307,12 +307,12 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 		return nil, err
 	}
 	if max := m.limits(tenant).Snapshots; max > 0 {
-		have, err := m.opt.Snapshots.List(ctx, snapshotPrefix(k))
-		if err != nil {
+		have := 0
+		if err := m.opt.Snapshots.List(ctx, snapshotPrefix(k), func(blob.Info) error { have++; return nil }); err != nil {
 			return nil, err
 		}
-		if len(have) >= max {
-			return nil, quotaError(tenant, "snapshots of session "+strconv.Quote(id), len(have), 1, max, "delete one of its snapshots first")
+		if have >= max {
+			return nil, quotaError(tenant, "snapshots of session "+strconv.Quote(id), have, 1, max, "delete one of its snapshots first")
 		}
 	}
 	if err := m.AdmitStored(ctx, tenant); err != nil {
@@ -388,21 +388,21 @@ func (m *Manager) Snapshots(ctx context.Context, tenant, id string) ([]api.Snaps
 	if m.opt.Snapshots == nil {
 		return out, nil
 	}
-	infos, err := m.opt.Snapshots.List(ctx, snapshotPrefix(k))
-	if err != nil {
-		return nil, err
-	}
-	sort.Slice(infos, func(i, j int) bool { return infos[i].Key < infos[j].Key })
-	for _, info := range infos {
+	// In order of keys, which is of ids, which is of time.
+	err := m.opt.Snapshots.List(ctx, snapshotPrefix(k), func(info blob.Info) error {
 		sid := strings.TrimPrefix(info.Key, snapshotPrefix(k))
 		mf, err := m.opt.Snapshots.Load(ctx, info.Key)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			continue // deleted meanwhile
+			return nil // deleted meanwhile
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		out = append(out, toAPISnapshot(k, sid, mf))
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -521,14 +521,13 @@ func (m *Manager) dropSnapshots(ctx context.Context, k key) {
 	if m.opt.Snapshots == nil {
 		return
 	}
-	infos, err := m.opt.Snapshots.List(ctx, k.tenant+"/"+k.id+"/")
-	if err != nil {
-		m.log.Warn("listing a deleted session's snapshots", "session", k.id, "err", err)
-		return
-	}
-	for _, info := range infos {
+	err := m.opt.Snapshots.List(ctx, k.tenant+"/"+k.id+"/", func(info blob.Info) error {
 		if err := m.opt.Snapshots.Delete(ctx, info.Key); err != nil {
 			m.log.Warn("removing a deleted session's snapshot", "session", k.id, "err", err)
 		}
+		return nil
+	})
+	if err != nil {
+		m.log.Warn("listing a deleted session's snapshots", "session", k.id, "err", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -222,5 +224,45 @@ func TestStoredLimit(t *testing.T) {
 	m.StoredCollected()
 	if _, err := m.CreateSnapshot(ctx, "t", "s"); err != nil {
 		t.Errorf("a snapshot once collected: %v", err)
+	}
+}
+
+// A session's snapshots are listed by id (which is by time), and go with
+// the session.
+func TestSnapshotsListedAndDropped(t *testing.T) {
+	m := newManager(t, newFake())
+	ctx := context.Background()
+	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for range 3 {
+		snap, err := m.CreateSnapshot(ctx, "t", "s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, snap.SnapshotID)
+	}
+	slices.Sort(ids)
+	list, err := m.Snapshots(ctx, "t", "s")
+	var got []string
+	for _, s := range list {
+		got = append(got, s.SnapshotID)
+	}
+	if err != nil || !slices.Equal(got, ids) {
+		t.Errorf("Snapshots = %v, %v; want %v", got, err, ids)
+	}
+	count := func() (n int) {
+		m.opt.Snapshots.List(ctx, "t/s/", func(blob.Info) error { n++; return nil })
+		return n
+	}
+	if n := count(); n != 3 {
+		t.Fatalf("%d manifests before the session's delete", n)
+	}
+	if _, err := m.Delete(ctx, "t", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(); n != 0 {
+		t.Errorf("%d snapshots left after the session's delete", n)
 	}
 }

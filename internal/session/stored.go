@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"sync"
+
+	"github.com/sbx-sandbox/sbx/internal/blob"
 )
 
 // Stored bytes: what a tenant keeps in the blob store, its
@@ -43,12 +45,12 @@ func (m *Manager) Stored(ctx context.Context, tenant string) (int64, error) {
 		return 0, nil
 	}
 	for _, prefix := range m.storedPrefixes(tenant) {
-		infos, err := m.opt.Snapshots.Blobs().List(ctx, prefix)
+		err := m.opt.Snapshots.Blobs().List(ctx, prefix, func(info blob.Info) error {
+			n += info.Size
+			return nil
+		})
 		if err != nil {
 			return 0, fmt.Errorf("counting what tenant %q stores: %w", tenant, err)
-		}
-		for _, info := range infos {
-			n += info.Size
 		}
 	}
 	m.stored.mu.Lock()

@@ -145,7 +145,7 @@ func TestDeepTree(t *testing.T) {
 	if grew > 64<<20 {
 		t.Errorf("the heap grew by %d MiB", grew>>20)
 	}
-	if list, _ := s.List(ctx, ""); len(list) != 0 {
+	if list := manifests(t, s, ""); len(list) != 0 {
 		t.Errorf("a refused save left manifests %v", list)
 	}
 

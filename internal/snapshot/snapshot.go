@@ -624,18 +624,14 @@ func (s *Store) entries(ctx context.Context, key string, lim Limits, fn func(*En
 	}
 }
 
-// List reports the manifests whose keys start with prefix; Info.Key is the
-// manifest's key.
-func (s *Store) List(ctx context.Context, prefix string) ([]blob.Info, error) {
+// List calls fn with each manifest whose key starts with prefix, in
+// order of keys, as blob.Store.List does; Info.Key is the manifest's key.
+func (s *Store) List(ctx context.Context, prefix string, fn func(blob.Info) error) error {
 	base := s.prefix + "/manifests/"
-	infos, err := s.blobs.List(ctx, base+prefix)
-	if err != nil {
-		return nil, err
-	}
-	for i := range infos {
-		infos[i].Key = infos[i].Key[len(base):]
-	}
-	return infos, nil
+	return s.blobs.List(ctx, base+prefix, func(info blob.Info) error {
+		info.Key = info.Key[len(base):]
+		return fn(info)
+	})
 }
 
 // Delete removes the manifest at key (its chunks go with Collect). Absent

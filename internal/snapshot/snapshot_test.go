@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/blob"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 )
 
@@ -32,6 +33,19 @@ func newStore(t testing.TB) (*Store, string) {
 		t.Fatal(err)
 	}
 	return New(b, "snapshots", Limits{TempDir: dir}), dir
+}
+
+// manifests is s.List collected.
+func manifests(t testing.TB, s *Store, prefix string) []blob.Info {
+	t.Helper()
+	var out []blob.Info
+	if err := s.List(ctx, prefix, func(info blob.Info) error {
+		out = append(out, info)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 func write(t testing.TB, p string, data []byte, mode os.FileMode) {
@@ -290,7 +304,7 @@ func TestCollect(t *testing.T) {
 	if _, err := s.Restore(ctx, "t/b", filepath.Join(dir, "out")); err != nil {
 		t.Errorf("restore after collection: %v", err)
 	}
-	if list, _ := s.List(ctx, ""); len(list) != 1 || list[0].Key != "t/b" {
+	if list := manifests(t, s, ""); len(list) != 1 || list[0].Key != "t/b" {
 		t.Errorf("list: %+v", list)
 	}
 }

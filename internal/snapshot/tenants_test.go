@@ -77,3 +77,28 @@ func sha256hex(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
 }
+
+// Tenants whose names start alike ("t", "t-x", "tt") are collected apart:
+// the walk of one's manifests skips the others'. A corrupt manifest of a
+// tenant with chunks is reported once.
+func TestCollectTenantsAlike(t *testing.T) {
+	s, dir := newStore(t)
+	for _, tenant := range []string{"t", "t-x", "tt"} {
+		src := filepath.Join(dir, "src-"+tenant)
+		write(t, filepath.Join(src, "f"), []byte("the content of "+tenant), 0o644)
+		if _, _, err := s.Save(ctx, src, tenant+"/s/a", nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Delete(ctx, "t-x/s/a")
+	s.blobs.Put(ctx, s.manifestKey("t/s/broken"), strings.NewReader("not gzip"))
+	c, err := s.Collect(ctx, 0)
+	if err != nil || c.Chunks != 1 || len(c.Unreadable) != 1 || c.Unreadable[0] != "t/s/broken" {
+		t.Errorf("collect: %+v %v; want the one chunk of t-x, and t/s/broken reported once", c, err)
+	}
+	for _, tenant := range []string{"t", "tt"} {
+		if _, err := s.Restore(ctx, tenant+"/s/a", filepath.Join(dir, "out-"+tenant)); err != nil {
+			t.Errorf("%s after collection: %v", tenant, err)
+		}
+	}
+}

@@ -14,12 +14,12 @@ import (
 )
 
 // Run runs the suite against stores made by open (a fresh, empty one per
-// call).
+// call). Subtests are not parallel: open may set the environment.
 func Run(t *testing.T, open func(t *testing.T) blob.Store) {
 	ctx := context.Background()
 	t.Run("PutOpenReplace", func(t *testing.T) {
 		s := open(t)
-		for _, data := range []string{"first", "second, longer"} {
+		for _, data := range []string{"first", "second, longer", ""} {
 			n, err := s.Put(ctx, "a/b.txt", strings.NewReader(data))
 			if err != nil || n != int64(len(data)) {
 				t.Fatalf("Put = %d, %v", n, err)
@@ -32,6 +32,9 @@ func Run(t *testing.T, open func(t *testing.T) blob.Store) {
 			r.Close()
 			if string(got) != data || r.Info().Size != int64(len(data)) {
 				t.Errorf("Open = %q (size %d), want %q", got, r.Info().Size, data)
+			}
+			if info, err := s.Stat(ctx, "a/b.txt"); err != nil || info.Size != int64(len(data)) || info.Key != "a/b.txt" || info.ModTime.IsZero() {
+				t.Errorf("Stat = %+v, %v", info, err)
 			}
 		}
 	})
@@ -77,6 +80,7 @@ func Run(t *testing.T, open func(t *testing.T) blob.Store) {
 			t.Errorf("after Seek(4) read %q", b)
 		}
 	})
+	t.Run("RangedReads", func(t *testing.T) { testRangedReads(t, open(t)) })
 	t.Run("NotFound", func(t *testing.T) {
 		s := open(t)
 		if _, err := s.Open(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
@@ -102,15 +106,17 @@ func Run(t *testing.T, open func(t *testing.T) blob.Store) {
 		for _, k := range []string{"p/1", "p/2", "q/1"} {
 			s.Put(ctx, k, strings.NewReader(k))
 		}
-		got, err := s.List(ctx, "p/")
+		got, err := List(ctx, s, "p/")
 		if err != nil || len(got) != 2 {
 			t.Fatalf("List(p/) = %v, %v", got, err)
 		}
 		s.Delete(ctx, "p/1")
-		if got, _ := s.List(ctx, "p/"); len(got) != 1 || got[0].Key != "p/2" {
+		if got, _ := List(ctx, s, "p/"); len(got) != 1 || got[0].Key != "p/2" || got[0].Size != 3 {
 			t.Errorf("after Delete, List = %v", got)
 		}
 	})
+	t.Run("ListOrder", func(t *testing.T) { testListOrder(t, open(t)) })
+	t.Run("ListMany", func(t *testing.T) { testListMany(t, open(t)) })
 	t.Run("FailedPutKeepsOld", func(t *testing.T) {
 		s := open(t)
 		s.Put(ctx, "k", strings.NewReader("old"))
@@ -125,10 +131,22 @@ func Run(t *testing.T, open func(t *testing.T) blob.Store) {
 		if b, _ := io.ReadAll(r); string(b) != "old" {
 			t.Errorf("after a failed Put, blob = %q", b)
 		}
-		if l, _ := s.List(ctx, ""); len(l) != 1 {
+		if l, _ := List(ctx, s, ""); len(l) != 1 {
 			t.Errorf("a failed Put left %v", l)
 		}
 	})
+	t.Run("ConcurrentPuts", func(t *testing.T) { testConcurrentPuts(t, open(t)) })
+	t.Run("Large", func(t *testing.T) { testLarge(t, open(t)) })
+}
+
+// List collects a listing: for tests, whose listings are small.
+func List(ctx context.Context, s blob.Store, prefix string) ([]blob.Info, error) {
+	var out []blob.Info
+	err := s.List(ctx, prefix, func(info blob.Info) error {
+		out = append(out, info)
+		return nil
+	})
+	return out, err
 }
 
 type errReader struct{}

@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -60,6 +63,17 @@ func (s *Store) room(f *os.File) error {
 			free>>20, s.reserve>>20, errdefs.ErrResourceExhausted)
 	}
 	return nil
+}
+
+// Open returns the store at rawURL, file:///DIR (DIR absolute), as New
+// does: the URL form beside the s3 backend's s3:// URLs.
+func Open(ctx context.Context, rawURL string) (*Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "file" || (u.Host != "" && u.Host != "localhost") || u.User != nil ||
+		u.Opaque != "" || u.RawQuery != "" || u.Fragment != "" || !filepath.IsAbs(u.Path) {
+		return nil, fmt.Errorf("blob store URL %q: not file:///DIR with DIR absolute: %w", rawURL, errdefs.ErrInvalidArgument)
+	}
+	return New(filepath.Clean(u.Path))
 }
 
 func (s *Store) path(key string) (string, error) {
@@ -168,32 +182,69 @@ func (s *Store) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// List implements blob.Store.
-func (s *Store) List(ctx context.Context, prefix string) ([]blob.Info, error) {
-	var out []blob.Info
-	err := filepath.WalkDir(s.dir, func(p string, d iofs.DirEntry, err error) error {
-		if err != nil {
-			return err
+// List implements blob.Store. A directory walk is not in the order of
+// keys ("a-b" and "a.b" sort before "a/b"), so each directory's names are
+// sorted as keys, a directory's with its "/"; the walk holds the names of
+// the directories it is in, never the whole listing. Names that cannot be
+// keys (a Put's temporary ".tmp-*" files) are skipped.
+func (s *Store) List(ctx context.Context, prefix string, fn func(blob.Info) error) error {
+	if !blob.ValidPrefix(prefix) {
+		return nil
+	}
+	dir, first := "", prefix
+	if i := strings.LastIndexByte(prefix, '/'); i >= 0 {
+		dir, first = prefix[:i], prefix[i+1:]
+	}
+	return s.walk(ctx, dir, first, fn)
+}
+
+// walk calls fn for the blobs under the directory of key dir ("" for the
+// root) whose names there start with first.
+func (s *Store) walk(ctx context.Context, dir, first string, fn func(blob.Info) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(filepath.Join(s.dir, filepath.FromSlash(dir)))
+	if err != nil {
+		if dir != "" && (errors.Is(err, iofs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
+			return nil // removed meanwhile, or the prefix names no directory
+		}
+		return fmt.Errorf("blob store: %w", err)
+	}
+	sortKey := func(e iofs.DirEntry) string {
+		if e.IsDir() {
+			return e.Name() + "/"
+		}
+		return e.Name()
+	}
+	slices.SortFunc(entries, func(a, b iofs.DirEntry) int { return strings.Compare(sortKey(a), sortKey(b)) })
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasPrefix(name, first) || !blob.ValidKey(name) {
+			continue
+		}
+		key := name
+		if dir != "" {
+			key = dir + "/" + name
+		}
+		if e.IsDir() {
+			if err := s.walk(ctx, key, "", fn); err != nil {
+				return err
+			}
+			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if d.IsDir() || strings.HasPrefix(d.Name(), ".tmp-") {
-			return nil
-		}
-		rel, _ := filepath.Rel(s.dir, p)
-		key := filepath.ToSlash(rel)
-		if !strings.HasPrefix(key, prefix) {
-			return nil
-		}
-		fi, err := d.Info()
+		fi, err := e.Info()
 		if err != nil {
-			return nil // removed meanwhile
+			continue // removed meanwhile
 		}
-		out = append(out, blob.Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()})
-		return nil
-	})
-	return out, err
+		if err := fn(blob.Info{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func notFound(key string, err error) error {

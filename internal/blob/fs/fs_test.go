@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,5 +98,22 @@ func TestPutKeepsReserve(t *testing.T) {
 	// A blob of holes takes no room and is not refused.
 	if _, err := s.Put(context.Background(), "holes", io.LimitReader(zeroReader{}, 1<<30)); err != nil {
 		t.Errorf("a Put of holes: %v", err)
+	}
+}
+
+func TestOpenURL(t *testing.T) {
+	dir := t.TempDir()
+	for _, u := range []string{"file://" + dir + "/blobs", "file://localhost" + dir + "/blobs%20two"} {
+		if _, err := fs.Open(context.Background(), u); err != nil {
+			t.Errorf("Open(%s): %v", u, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "blobs two")); err != nil {
+		t.Errorf("the escaped path: %v", err)
+	}
+	for _, u := range []string{"", "/abs/path", "file://host/x", "file:relative", "file:///x?y=1", "s3://bucket", "file://u:p@/x"} {
+		if _, err := fs.Open(context.Background(), u); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Open(%q) = %v, want ErrInvalidArgument", u, err)
+		}
 	}
 }
