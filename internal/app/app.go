@@ -7,6 +7,7 @@ package app
 import (
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -215,6 +217,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	instance, err := instanceID(filepath.Join(cfg.DataDir, "instance.id"))
+	if err != nil {
+		return nil, err
+	}
 	st, err := openStore(ctx, cfg.Store, cfg.DataDir)
 	if err != nil {
 		return nil, err
@@ -266,6 +272,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
 		StoredPrefixes: func(tenant string) []string { return []string{server.PresignPrefix(key, tenant)} },
+		Instance:       instance,
 		Limits: func(tenant string) session.Limits {
 			if l, ok := cfg.TenantLimits[tenant]; ok {
 				return l
@@ -369,6 +376,41 @@ func CheckAddr(addr string, keys server.Keys) error {
 		return nil
 	}
 	return fmt.Errorf("refusing to listen on %s without API keys: anyone who can reach it could run code; give --api-key KEY[:TENANT] (or SBX_API_KEYS) or listen on 127.0.0.1", addr)
+}
+
+// instanceID reads the name of this deployment (the servers sharing a
+// data directory), making it on first use: its sandboxes are labelled
+// with it, so that a server with another data directory, sharing the
+// runtime's state directory, leaves them alone.
+func instanceID(path string) (string, error) {
+	for range 100 {
+		b, err := os.ReadFile(path)
+		if id := strings.TrimSpace(string(b)); err == nil && len(id) == 16 {
+			return id, nil
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		// O_EXCL: of two servers starting at once on a new data
+		// directory, one makes the name and the other reads it.
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		b = make([]byte, 8)
+		rand.Read(b)
+		id := hex.EncodeToString(b)
+		_, err = f.WriteString(id + "\n")
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		return id, err
+	}
+	return "", fmt.Errorf("%s does not hold an instance name (16 hex digits); remove it if no server uses this data directory", path)
 }
 
 // signingKey reads the key that signs presigned URLs, making it on first

@@ -160,7 +160,7 @@ func (m *Manager) startPooled(ctx context.Context, name string) (*pooled, error)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
 		ID: id, Rootfs: tmpl.Rootfs, Workspace: dir, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
-		Resources: tmpl.Spec.Resources, Labels: map[string]string{LabelPool: name, "sbx.template": name},
+		Resources: tmpl.Spec.Resources, Labels: m.labels(map[string]string{LabelPool: name, "sbx.template": name}),
 	})
 	if err != nil {
 		m.opt.Quota.Remove(context.WithoutCancel(ctx), dir)

@@ -303,7 +303,7 @@ func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error
 	_, err = rt.Create(ctx, runtime.Spec{
 		ID: id, Rootfs: tmpl.Rootfs, Workspace: m.workspaceDir(key{s.Tenant, s.ID}),
 		Env: env, Preload: tmpl.Spec.Preload, Resources: res,
-		Labels: map[string]string{LabelTenant: s.Tenant, LabelSession: s.ID, "sbx.template": s.TemplateID},
+		Labels: m.labels(map[string]string{LabelTenant: s.Tenant, LabelSession: s.ID, "sbx.template": s.TemplateID}),
 	})
 	if err != nil {
 		return nil, err
@@ -436,9 +436,13 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		listed[name] = true
 		for _, info := range infos {
-			if info.Labels[LabelSession] != "" || info.Labels[LabelPool] != "" { // not sbx run's own
-				live[info.ID] = found{info, rt}
+			if info.Labels[LabelSession] == "" && info.Labels[LabelPool] == "" { // sbx run's own
+				continue
 			}
+			if inst := info.Labels[LabelInstance]; inst != m.opt.Instance && (inst != "" || m.opt.Instance == "") {
+				continue // another deployment's
+			}
+			live[info.ID] = found{info, rt}
 		}
 	}
 	adopted, lost := 0, 0
@@ -474,6 +478,12 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 	}
 	for id, f := range live {
+		if f.info.Labels[LabelInstance] != m.opt.Instance {
+			// Made before instances: ours, or another server's that
+			// shares the runtime's state. Not ours to destroy.
+			m.log.Warn("a sandbox of no known instance is left alone; destroy it by hand if no server uses it", "sandbox", id, "session", f.info.Labels[LabelSession])
+			continue
+		}
 		m.log.Info("destroying orphaned sandbox", "sandbox", id, "session", f.info.Labels[LabelSession])
 		if err := f.rt.Destroy(ctx, id); err != nil {
 			m.log.Warn("destroying orphaned sandbox", "sandbox", id, "err", err)
@@ -493,6 +503,14 @@ func (m *Manager) Start(ctx context.Context) error {
 		go m.filler()
 	}
 	return nil
+}
+
+// labels adds the instance's label to a sandbox's labels.
+func (m *Manager) labels(l map[string]string) map[string]string {
+	if m.opt.Instance != "" {
+		l[LabelInstance] = m.opt.Instance
+	}
+	return l
 }
 
 func mapSlice[T, U any](in []T, f func(T) U) []U {

@@ -45,6 +45,11 @@ import (
 const (
 	LabelTenant  = "sbx.tenant"
 	LabelSession = "sbx.session"
+	// LabelInstance is the deployment a sandbox belongs to
+	// (Options.Instance): servers that do not share a store and data
+	// directory can share a runtime's state (the default /run/sbx) without
+	// touching each other's sandboxes.
+	LabelInstance = "sbx.instance"
 )
 
 // Options configure a Manager.
@@ -92,6 +97,11 @@ type Options struct {
 	Reaped func(took time.Duration, acted int)
 	// Pools sizes the warm pool of each template named.
 	Pools map[string]int
+	// Instance names the deployment (the servers sharing this store and
+	// data directory): its sandboxes carry it, and Start leaves sandboxes
+	// of other instances alone. "" labels nothing and claims every
+	// sandbox, as servers did before instances.
+	Instance string
 	// StoredPrefixes returns the prefixes in the snapshots' blob store
 	// under which a tenant keeps bytes besides its snapshots (its
 	// presigned copies), for the StoredMB limit.
