@@ -34,6 +34,9 @@ func (m *Manager) reaper() {
 			return
 		case <-t.C:
 		}
+		if m.opt.Leader != nil && !m.opt.Leader(m.ctx) {
+			continue // another replica reaps and collects
+		}
 		m.Reap(m.ctx, time.Now())
 		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
 			collected = time.Now()

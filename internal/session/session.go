@@ -97,6 +97,10 @@ type Options struct {
 	Reaped func(took time.Duration, acted int)
 	// Pools sizes the warm pool of each template named.
 	Pools map[string]int
+	// Leader, if set, says whether this process is the one that runs the
+	// reaper and the collectors now: replicas sharing a store elect one
+	// (a lease in the store, internal/app). nil: this process always is.
+	Leader func(ctx context.Context) bool
 	// Instance names the deployment (the servers sharing this store and
 	// data directory): its sandboxes carry it, and Start leaves sandboxes
 	// of other instances alone. "" labels nothing and claims every
