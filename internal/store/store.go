@@ -6,7 +6,11 @@
 // The conventions every backend keeps:
 //   - Errors wrap the errdefs categories: ErrNotFound, ErrAlreadyExists,
 //     ErrInvalidArgument (a missing key field, a zero CreatedAt, a limit out
-//     of range, a malformed page token).
+//     of range, a malformed page token), ErrConflict (a session written
+//     since it was read).
+//   - A session's write is a compare-and-swap on its Revision, so that
+//     servers sharing the store cannot lose each other's writes: a caller
+//     reads, changes and writes back, and on ErrConflict reads again.
 //   - Times are kept to the microsecond and come back in UTC; a zero time
 //     comes back as the zero time.Time.
 //   - Session.Metadata comes back as a non-nil map, empty when the session
@@ -31,13 +35,17 @@ import (
 
 // Store keeps the control plane's records. It is safe for concurrent use.
 type Store interface {
-	// CreateSession records a new session; errdefs.ErrAlreadyExists if the
-	// tenant has a session with that id.
+	// CreateSession records a new session at revision 1, whatever
+	// s.Revision says, and sets s.Revision to 1; errdefs.ErrAlreadyExists
+	// if the tenant has a session with that id.
 	CreateSession(ctx context.Context, s *Session) error
 	// GetSession returns the tenant's session; errdefs.ErrNotFound if absent.
 	GetSession(ctx context.Context, tenant, id string) (*Session, error)
-	// UpdateSession replaces every field of the session (s.Tenant, s.ID);
-	// errdefs.ErrNotFound if absent.
+	// UpdateSession replaces every field of the session (s.Tenant, s.ID)
+	// if its revision is still s.Revision, and sets s.Revision to the new
+	// one (one more). errdefs.ErrConflict if it has been written since
+	// (nothing is changed: read it again and retry), errdefs.ErrNotFound if
+	// absent.
 	UpdateSession(ctx context.Context, s *Session) error
 	// DeleteSession removes the session with its executions and uploads.
 	// Deleting an absent session is not an error.
@@ -136,6 +144,11 @@ type Session struct {
 	// DiskMB is what the session may store (its disk quota), summed per
 	// tenant by TenantUsage.
 	DiskMB int64
+	// Revision counts the record's writes: 1 when created, one more at
+	// each UpdateSession, which takes it as the revision the caller read.
+	// The store keeps it; the layer above only carries it from a read to
+	// the write that follows.
+	Revision int64
 }
 
 // TenantUsage is what a tenant holds in the store.

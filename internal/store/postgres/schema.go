@@ -91,6 +91,13 @@ CREATE TABLE uploads (
 );
 CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversation_id, path);
 `,
+	// 2: a session's revision, the compare-and-swap of UpdateSession.
+	// Sessions made before it are at revision 1, as if just created. (A
+	// constant default: PostgreSQL adds the column without rewriting the
+	// table.)
+	`
+ALTER TABLE sessions ADD COLUMN revision bigint NOT NULL DEFAULT 1;
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

@@ -91,6 +91,11 @@ CREATE INDEX sessions_by_due ON sessions (due_at) WHERE due_at IS NOT NULL;
 	`
 ALTER TABLE sessions ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
 `,
+	// 4: a session's revision, the compare-and-swap of UpdateSession.
+	// Sessions made before it are at revision 1, as if just created.
+	`
+ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

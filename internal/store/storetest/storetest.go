@@ -1,7 +1,8 @@
 // Package storetest is the conformance suite every store.Store passes:
 // CRUD of each record, the errdefs categories, tenant isolation, keyset
-// pagination, filters, concurrent writers, cascades, upload directory
-// deletes and time round trips. It checks behaviour, never timing; the
+// pagination, filters, concurrent writers, session revisions
+// (compare-and-swap), cascades, upload directory deletes and time round
+// trips. It checks behaviour, never timing; the
 // backends' benchmarks measure that.
 package storetest
 
@@ -27,6 +28,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	}{
 		{"SessionCRUD", testSessionCRUD},
 		{"SessionErrors", testSessionErrors},
+		{"SessionRevisions", testSessionRevisions},
+		{"ConcurrentUpdate", testConcurrentUpdate},
 		{"SessionPagination", testSessionPagination},
 		{"SessionFilters", testSessionFilters},
 		{"PageLimits", testPageLimits},
@@ -111,6 +114,12 @@ func diffSession(got, want *store.Session) string {
 	}
 	if got.Error != want.Error {
 		add("Error", got.Error, want.Error)
+	}
+	if got.DiskMB != want.DiskMB {
+		add("DiskMB", got.DiskMB, want.DiskMB)
+	}
+	if got.Revision != want.Revision {
+		add("Revision", got.Revision, want.Revision)
 	}
 	wantMeta := want.Metadata
 	if wantMeta == nil {
