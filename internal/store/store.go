@@ -1,13 +1,14 @@
 // Package store defines the control plane's metadata store: the records of
-// sessions, executions and uploads that must outlive a server process.
+// sessions, executions and uploads that must outlive a server process, and
+// the leases by which servers sharing a store divide work between them.
 // Backends: sqlite (one server, the default) and postgres (servers that
 // share one database: scale-out). Every backend passes storetest.Run.
 //
 // The conventions every backend keeps:
 //   - Errors wrap the errdefs categories: ErrNotFound, ErrAlreadyExists,
 //     ErrInvalidArgument (a missing key field, a zero CreatedAt, a limit out
-//     of range, a malformed page token), ErrConflict (a session written
-//     since it was read).
+//     of range, a malformed page token, a lease's ttl <= 0), ErrConflict
+//     (a session written since it was read).
 //   - A session's write is a compare-and-swap on its Revision, so that
 //     servers sharing the store cannot lose each other's writes: a caller
 //     reads, changes and writes back, and on ErrConflict reads again.
@@ -25,6 +26,10 @@
 //   - The store does not check that a session exists before recording its
 //     executions and uploads: the layer above does that under its own
 //     locks.
+//   - Leases are the servers', not a tenant's: their names are global.
+//     Their times are the database server's clock where there is one
+//     (postgres), so that servers whose clocks disagree agree on when a
+//     lease ends; sqlite, one server's, uses that server's clock.
 package store
 
 import (
@@ -113,6 +118,20 @@ type Store interface {
 	// conversationID "" is errdefs.ErrInvalidArgument (use DeleteUploads
 	// for the session's own).
 	DeleteConversationUploads(ctx context.Context, tenant, sessionID, conversationID string) error
+
+	// TryLease takes the named lease for holder until now+ttl when it is
+	// free, expired, or already holder's (then it is renewed). held says
+	// whether holder has it now; token is the lease's fencing token, which
+	// grows every time the lease passes to another holder (not on
+	// renewal), so that work done under an old holding can be refused.
+	// token is 0 when held is false. ttl is kept to the microsecond,
+	// rounded up. An empty name or holder, or a ttl <= 0, is
+	// errdefs.ErrInvalidArgument.
+	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (token int64, held bool, err error)
+	// ReleaseLease gives the lease up if holder has it (otherwise
+	// nothing), so that another can take it at once. The lease keeps its
+	// token: another holder that takes it next gets a larger one.
+	ReleaseLease(ctx context.Context, name, holder string) error
 
 	// Ping reports whether the store can serve requests.
 	Ping(ctx context.Context) error

@@ -98,6 +98,16 @@ CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversatio
 	`
 ALTER TABLE sessions ADD COLUMN revision bigint NOT NULL DEFAULT 1;
 `,
+	// 3: leases. A released lease keeps its row, expired, so that its
+	// token keeps growing.
+	`
+CREATE TABLE leases (
+	name       text COLLATE "C" NOT NULL PRIMARY KEY,
+	holder     text COLLATE "C" NOT NULL,
+	token      bigint NOT NULL,
+	expires_at timestamptz NOT NULL
+);
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

@@ -96,6 +96,17 @@ ALTER TABLE sessions ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
 	`
 ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
 `,
+	// 5: leases, expiring at microseconds of this server's clock. A
+	// released lease keeps its row, expired, so that its token keeps
+	// growing.
+	`
+CREATE TABLE leases (
+	name       TEXT NOT NULL PRIMARY KEY,
+	holder     TEXT NOT NULL,
+	token      INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

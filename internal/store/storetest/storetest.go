@@ -1,9 +1,10 @@
 // Package storetest is the conformance suite every store.Store passes:
 // CRUD of each record, the errdefs categories, tenant isolation, keyset
 // pagination, filters, concurrent writers, session revisions
-// (compare-and-swap), cascades, upload directory deletes and time round
-// trips. It checks behaviour, never timing; the
-// backends' benchmarks measure that.
+// (compare-and-swap), cascades, upload directory deletes, time round trips
+// and leases (one holder at a time, renewal, expiry, release, fencing
+// tokens). It checks behaviour, never timing; the backends' benchmarks
+// measure that.
 package storetest
 
 import (
@@ -52,6 +53,11 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"DeleteExecutions", testDeleteExecutions},
 		{"Uploads", testUploads},
 		{"DeleteUploads", testDeleteUploads},
+		{"LeaseOneHolder", testLeaseOneHolder},
+		{"LeaseRenewal", testLeaseRenewal},
+		{"LeaseExpiry", testLeaseExpiry},
+		{"LeaseRelease", testLeaseRelease},
+		{"LeaseErrors", testLeaseErrors},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
