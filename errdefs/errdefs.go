@@ -33,9 +33,17 @@ var (
 	// presigned URL whose signature does not hold).
 	ErrPermissionDenied = errors.New("permission denied")
 
-	// Two narrower categories, of the file limits a client can hit through
-	// any front door. Each is also its broad category (errors.Is holds for
-	// both), so a layer that knows only the broad ones still maps them.
+	// Narrower categories. Each is also its broad category (errors.Is
+	// holds for both), so a layer that knows only the broad ones still
+	// maps them.
+
+	// ErrConflict: the record changed since it was read (another server
+	// wrote it between the read and the write); read it again and retry.
+	// Also ErrFailedPrecondition. It has no wire code of its own: a client
+	// gets ErrFailedPrecondition back.
+	ErrConflict = fmt.Errorf("conflict: %w", ErrFailedPrecondition)
+
+	// Two of the file limits a client can hit through any front door.
 
 	// ErrTooLarge: the thing is over a size limit (a file over the
 	// session's max_file_size). Also ErrResourceExhausted.

@@ -57,7 +57,9 @@ func ToHTTP(err error) (status int, code string) {
 }
 
 // FromCode is the category a wire code stands for (nil for internal and
-// codes it does not know): what a client wraps the server's answer in.
+// codes it does not know): what a client wraps the server's answer in. A
+// narrow category without a code of its own (errdefs.ErrConflict) comes
+// back as its broad one (errdefs.ErrFailedPrecondition).
 func FromCode(code string) error {
 	switch code {
 	case CodeInvalidArgument:

@@ -135,6 +135,14 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 		if err != nil {
 			return nil, err
 		}
+		if started {
+			// A sandbox from a warm pool is in the record already (kick
+			// wrote it): move on from that record, not from rec, which
+			// the store would refuse as stale.
+			if rec, err = m.record(ctx, k); err != nil {
+				return nil, err
+			}
+		}
 		if started && rec.Status == api.StatusError {
 			if rec, err = m.move(ctx, rec, api.StatusPending, ""); err != nil {
 				return nil, err

@@ -369,6 +369,34 @@ func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
 	m.opt.Events("destroy")
 }
 
+// clearLost clears a listed record's sandbox, gone from its runtime; a
+// paused session becomes running (the next call starts a sandbox). A
+// record written since the list was read (by another server sharing the
+// store) is read again, once, and cleared if it still names that sandbox.
+func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
+	gone := rec.SandboxID
+	for try := 0; ; try++ {
+		rec.SandboxID = ""
+		if rec.Status == api.StatusPaused {
+			rec.Status = api.StatusRunning
+		}
+		err := m.save(ctx, rec)
+		if !errors.Is(err, errdefs.ErrConflict) || try > 0 {
+			return err
+		}
+		rec, err = m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if rec.SandboxID != gone || rec.Status == api.StatusTerminated {
+			return nil
+		}
+	}
+}
+
 // destroyByID destroys the sandbox a record names when this process did
 // not hold it (a previous server started it).
 func (m *Manager) destroyByID(ctx context.Context, rec *store.Session) {
@@ -469,11 +497,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		lost++
 		m.log.Warn("a session's sandbox is gone; its next call starts a new one", "tenant", rec.Tenant, "session", rec.ID, "sandbox", rec.SandboxID)
 		m.opt.Events("lost")
-		rec.SandboxID = ""
-		if rec.Status == api.StatusPaused {
-			rec.Status = api.StatusRunning
-		}
-		if err := m.save(ctx, rec); err != nil {
+		if err := m.clearLost(ctx, rec); err != nil {
 			return err
 		}
 	}

@@ -459,8 +459,15 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			// No sandbox to be had now leaves the session in error,
 			// to be tried again by its next execution.
 			if started, _ := m.kick(m.entry(k), s); started {
-				if rec, err = m.move(ctx, rec, api.StatusPending, ""); err != nil {
+				// A sandbox from a warm pool is in the record already
+				// (kick wrote it, running): read it again.
+				if rec, err = m.opt.Store.GetSession(ctx, tenant, req.SessionID); err != nil {
 					return nil, false, err
+				}
+				if rec.Status == api.StatusError {
+					if rec, err = m.move(ctx, rec, api.StatusPending, ""); err != nil {
+						return nil, false, err
+					}
 				}
 			}
 		}

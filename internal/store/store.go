@@ -1,12 +1,17 @@
 // Package store defines the control plane's metadata store: the records of
-// sessions, executions and uploads that must outlive a server process.
+// sessions, executions and uploads that must outlive a server process, and
+// the leases by which servers sharing a store divide work between them.
 // Backends: sqlite (one server, the default) and postgres (servers that
 // share one database: scale-out). Every backend passes storetest.Run.
 //
 // The conventions every backend keeps:
 //   - Errors wrap the errdefs categories: ErrNotFound, ErrAlreadyExists,
 //     ErrInvalidArgument (a missing key field, a zero CreatedAt, a limit out
-//     of range, a malformed page token).
+//     of range, a malformed page token, a lease's ttl <= 0), ErrConflict
+//     (a session written since it was read).
+//   - A session's write is a compare-and-swap on its Revision, so that
+//     servers sharing the store cannot lose each other's writes: a caller
+//     reads, changes and writes back, and on ErrConflict reads again.
 //   - Times are kept to the microsecond and come back in UTC; a zero time
 //     comes back as the zero time.Time.
 //   - Session.Metadata comes back as a non-nil map, empty when the session
@@ -21,6 +26,10 @@
 //   - The store does not check that a session exists before recording its
 //     executions and uploads: the layer above does that under its own
 //     locks.
+//   - Leases are the servers', not a tenant's: their names are global.
+//     Their times are the database server's clock where there is one
+//     (postgres), so that servers whose clocks disagree agree on when a
+//     lease ends; sqlite, one server's, uses that server's clock.
 package store
 
 import (
@@ -31,13 +40,17 @@ import (
 
 // Store keeps the control plane's records. It is safe for concurrent use.
 type Store interface {
-	// CreateSession records a new session; errdefs.ErrAlreadyExists if the
-	// tenant has a session with that id.
+	// CreateSession records a new session at revision 1, whatever
+	// s.Revision says, and sets s.Revision to 1; errdefs.ErrAlreadyExists
+	// if the tenant has a session with that id.
 	CreateSession(ctx context.Context, s *Session) error
 	// GetSession returns the tenant's session; errdefs.ErrNotFound if absent.
 	GetSession(ctx context.Context, tenant, id string) (*Session, error)
-	// UpdateSession replaces every field of the session (s.Tenant, s.ID);
-	// errdefs.ErrNotFound if absent.
+	// UpdateSession replaces every field of the session (s.Tenant, s.ID)
+	// if its revision is still s.Revision, and sets s.Revision to the new
+	// one (one more). errdefs.ErrConflict if it has been written since
+	// (nothing is changed: read it again and retry), errdefs.ErrNotFound if
+	// absent.
 	UpdateSession(ctx context.Context, s *Session) error
 	// DeleteSession removes the session with its executions and uploads.
 	// Deleting an absent session is not an error.
@@ -106,6 +119,20 @@ type Store interface {
 	// for the session's own).
 	DeleteConversationUploads(ctx context.Context, tenant, sessionID, conversationID string) error
 
+	// TryLease takes the named lease for holder until now+ttl when it is
+	// free, expired, or already holder's (then it is renewed). held says
+	// whether holder has it now; token is the lease's fencing token, which
+	// grows every time the lease passes to another holder (not on
+	// renewal), so that work done under an old holding can be refused.
+	// token is 0 when held is false. ttl is kept to the microsecond,
+	// rounded up. An empty name or holder, or a ttl <= 0, is
+	// errdefs.ErrInvalidArgument.
+	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (token int64, held bool, err error)
+	// ReleaseLease gives the lease up if holder has it (otherwise
+	// nothing), so that another can take it at once. The lease keeps its
+	// token: another holder that takes it next gets a larger one.
+	ReleaseLease(ctx context.Context, name, holder string) error
+
 	// Ping reports whether the store can serve requests.
 	Ping(ctx context.Context) error
 	// Close releases the store. Calls after Close fail.
@@ -136,6 +163,11 @@ type Session struct {
 	// DiskMB is what the session may store (its disk quota), summed per
 	// tenant by TenantUsage.
 	DiskMB int64
+	// Revision counts the record's writes: 1 when created, one more at
+	// each UpdateSession, which takes it as the revision the caller read.
+	// The store keeps it; the layer above only carries it from a read to
+	// the write that follows.
+	Revision int64
 }
 
 // TenantUsage is what a tenant holds in the store.

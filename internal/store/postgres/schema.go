@@ -91,6 +91,23 @@ CREATE TABLE uploads (
 );
 CREATE INDEX uploads_by_conversation ON uploads (tenant, session_id, conversation_id, path);
 `,
+	// 2: a session's revision, the compare-and-swap of UpdateSession.
+	// Sessions made before it are at revision 1, as if just created. (A
+	// constant default: PostgreSQL adds the column without rewriting the
+	// table.)
+	`
+ALTER TABLE sessions ADD COLUMN revision bigint NOT NULL DEFAULT 1;
+`,
+	// 3: leases. A released lease keeps its row, expired, so that its
+	// token keeps growing.
+	`
+CREATE TABLE leases (
+	name       text COLLATE "C" NOT NULL PRIMARY KEY,
+	holder     text COLLATE "C" NOT NULL,
+	token      bigint NOT NULL,
+	expires_at timestamptz NOT NULL
+);
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

@@ -77,3 +77,35 @@ func TestMigrateOnce(t *testing.T) {
 		t.Errorf("runs has %d rows after a failing version 5, want 4", got)
 	}
 }
+
+// TestMigrateRevision: sessions a database held before revisions come out
+// of the migration at revision 1, and can be updated from there.
+func TestMigrateRevision(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool, migrations[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO sessions (tenant, id, status, template_id, sandbox_id, error_message, metadata, created_at, disk_mb)
+		VALUES ('t', 's', 'running', 'python', '', '', '{}', now(), 0)`); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	sess, err := s.GetSession(ctx, "t", "s")
+	if err != nil || sess.Revision != 1 {
+		t.Fatalf("a session from before revisions = %+v, %v; want revision 1", sess, err)
+	}
+	if err := s.UpdateSession(ctx, sess); err != nil || sess.Revision != 2 {
+		t.Errorf("updating it = %v, revision %d; want nil, 2", err, sess.Revision)
+	}
+}

@@ -19,7 +19,7 @@ import (
 )
 
 const sessionColumns = `tenant, id, status, template_id, sandbox_id, error_message, metadata, config,
-	created_at, updated_at, last_activity_at, expires_at, due_at, disk_mb`
+	created_at, updated_at, last_activity_at, expires_at, due_at, disk_mb, revision`
 
 // CreateSession implements store.Store.
 func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
@@ -29,7 +29,7 @@ func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
 	}
 	err = s.tx(ctx, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `INSERT INTO sessions (`+sessionColumns+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`, args...)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, 1)`, args...)
 		if isDuplicate(err) {
 			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrAlreadyExists)
 		}
@@ -38,10 +38,14 @@ func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
 		}
 		return putMetadata(ctx, tx, sess)
 	})
-	if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
-		return dbErr(fmt.Sprintf("create session %q", sess.ID), err)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrAlreadyExists) {
+			err = dbErr(fmt.Sprintf("create session %q", sess.ID), err)
+		}
+		return err
 	}
-	return err
+	sess.Revision = 1
+	return nil
 }
 
 // GetSession implements store.Store.
@@ -63,28 +67,50 @@ func (s *Store) UpdateSession(ctx context.Context, sess *store.Session) error {
 	if err != nil {
 		return err
 	}
+	args = append(args, sess.Revision)
 	err = s.tx(ctx, func(tx pgx.Tx) error {
-		// The UPDATE locks the session's row: concurrent updates of one
-		// session rewrite its metadata rows one after the other.
+		// The UPDATE locks the session's row, and an update that waited
+		// for the lock tests the revision again on the row as the other
+		// left it (READ COMMITTED re-checks the WHERE): of concurrent
+		// updates from one read, one changes the row and its metadata rows,
+		// and the others change nothing.
 		tag, err := tx.Exec(ctx, `UPDATE sessions SET status = $3, template_id = $4, sandbox_id = $5, error_message = $6,
 			metadata = $7, config = $8, created_at = $9, updated_at = $10, last_activity_at = $11, expires_at = $12,
-			due_at = $13, disk_mb = $14
-			WHERE tenant = $1 AND id = $2`, args...)
+			due_at = $13, disk_mb = $14, revision = revision + 1
+			WHERE tenant = $1 AND id = $2 AND revision = $15`, args...)
 		if err != nil {
 			return err
 		}
 		if tag.RowsAffected() == 0 {
-			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrNotFound)
+			return missOrConflict(ctx, tx, sess)
 		}
 		if _, err := tx.Exec(ctx, `DELETE FROM session_metadata WHERE tenant = $1 AND session_id = $2`, sess.Tenant, sess.ID); err != nil {
 			return err
 		}
 		return putMetadata(ctx, tx, sess)
 	})
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return dbErr(fmt.Sprintf("update session %q", sess.ID), err)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrConflict) {
+			err = dbErr(fmt.Sprintf("update session %q", sess.ID), err)
+		}
+		return err
 	}
-	return err
+	sess.Revision++
+	return nil
+}
+
+// missOrConflict says why an update of sess changed no row: the session
+// is absent, or at another revision than the one sess was read at.
+func missOrConflict(ctx context.Context, tx pgx.Tx, sess *store.Session) error {
+	var rev int64
+	err := tx.QueryRow(ctx, `SELECT revision FROM sessions WHERE tenant = $1 AND id = $2`, sess.Tenant, sess.ID).Scan(&rev)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("session %q: read at revision %d, now at %d: %w", sess.ID, sess.Revision, rev, errdefs.ErrConflict)
 }
 
 // DeleteSession implements store.Store.
@@ -245,7 +271,8 @@ func (s *Store) countByStatus(ctx context.Context, table string) (map[string]int
 	return out, nil
 }
 
-// sessionArgs checks sess and returns its columns in sessionColumns order.
+// sessionArgs checks sess and returns its columns in sessionColumns order,
+// all but revision, which the store keeps.
 func sessionArgs(sess *store.Session) ([]any, error) {
 	if sess == nil {
 		return nil, fmt.Errorf("session: nil: %w", errdefs.ErrInvalidArgument)
@@ -304,7 +331,7 @@ func scanSession(row pgx.Row) (*store.Session, error) {
 	)
 	// metadata is never JSON null (see sessionArgs), so this makes a map.
 	if err := row.Scan(&sess.Tenant, &sess.ID, &sess.Status, &sess.TemplateID, &sess.SandboxID, &sess.Error, &sess.Metadata, &config,
-		&created, &updated, &lastActivity, &expires, &due, &sess.DiskMB); err != nil {
+		&created, &updated, &lastActivity, &expires, &due, &sess.DiskMB, &sess.Revision); err != nil {
 		return nil, err
 	}
 	sess.Config = fromRawJSON(config)

@@ -91,6 +91,22 @@ CREATE INDEX sessions_by_due ON sessions (due_at) WHERE due_at IS NOT NULL;
 	`
 ALTER TABLE sessions ADD COLUMN disk_mb INTEGER NOT NULL DEFAULT 0;
 `,
+	// 4: a session's revision, the compare-and-swap of UpdateSession.
+	// Sessions made before it are at revision 1, as if just created.
+	`
+ALTER TABLE sessions ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
+`,
+	// 5: leases, expiring at microseconds of this server's clock. A
+	// released lease keeps its row, expired, so that its token keeps
+	// growing.
+	`
+CREATE TABLE leases (
+	name       TEXT NOT NULL PRIMARY KEY,
+	holder     TEXT NOT NULL,
+	token      INTEGER NOT NULL,
+	expires_at INTEGER NOT NULL
+) WITHOUT ROWID;
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

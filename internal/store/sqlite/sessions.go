@@ -16,7 +16,7 @@ import (
 )
 
 const sessionColumns = `tenant, id, status, template_id, sandbox_id, error_message, metadata, config,
-	created_at, updated_at, last_activity_at, expires_at, due_at, disk_mb`
+	created_at, updated_at, last_activity_at, expires_at, due_at, disk_mb, revision`
 
 // CreateSession implements store.Store.
 func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
@@ -25,7 +25,7 @@ func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
 		return err
 	}
 	err = s.write(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO sessions (`+sessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+		_, err := tx.ExecContext(ctx, `INSERT INTO sessions (`+sessionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1)`, args...)
 		if isDuplicate(err) {
 			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrAlreadyExists)
 		}
@@ -34,10 +34,14 @@ func (s *Store) CreateSession(ctx context.Context, sess *store.Session) error {
 		}
 		return putMetadata(ctx, tx, sess)
 	})
-	if err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
-		return dbErr(fmt.Sprintf("create session %q", sess.ID), err)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrAlreadyExists) {
+			err = dbErr(fmt.Sprintf("create session %q", sess.ID), err)
+		}
+		return err
 	}
-	return err
+	sess.Revision = 1
+	return nil
 }
 
 // GetSession implements store.Store.
@@ -59,29 +63,48 @@ func (s *Store) UpdateSession(ctx context.Context, sess *store.Session) error {
 	if err != nil {
 		return err
 	}
-	// The key goes last, for the WHERE.
-	args = append(args[2:], sess.Tenant, sess.ID)
+	// The key and the revision read go last, for the WHERE.
+	args = append(args[2:], sess.Tenant, sess.ID, sess.Revision)
 	err = s.write(ctx, func(tx *sql.Tx) error {
 		res, err := tx.ExecContext(ctx, `UPDATE sessions SET status = ?, template_id = ?, sandbox_id = ?, error_message = ?,
-			metadata = ?, config = ?, created_at = ?, updated_at = ?, last_activity_at = ?, expires_at = ?, due_at = ?, disk_mb = ?
-			WHERE tenant = ? AND id = ?`, args...)
+			metadata = ?, config = ?, created_at = ?, updated_at = ?, last_activity_at = ?, expires_at = ?, due_at = ?, disk_mb = ?,
+			revision = revision + 1
+			WHERE tenant = ? AND id = ? AND revision = ?`, args...)
 		if err != nil {
 			return err
 		}
 		if n, err := res.RowsAffected(); err != nil {
 			return err
 		} else if n == 0 {
-			return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrNotFound)
+			return missOrConflict(ctx, tx, sess)
 		}
 		if _, err := tx.ExecContext(ctx, `DELETE FROM session_metadata WHERE tenant = ? AND session_id = ?`, sess.Tenant, sess.ID); err != nil {
 			return err
 		}
 		return putMetadata(ctx, tx, sess)
 	})
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return dbErr(fmt.Sprintf("update session %q", sess.ID), err)
+	if err != nil {
+		if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrConflict) {
+			err = dbErr(fmt.Sprintf("update session %q", sess.ID), err)
+		}
+		return err
 	}
-	return err
+	sess.Revision++
+	return nil
+}
+
+// missOrConflict says why an update of sess changed no row: the session
+// is absent, or at another revision than the one sess was read at.
+func missOrConflict(ctx context.Context, tx *sql.Tx, sess *store.Session) error {
+	var rev int64
+	err := tx.QueryRowContext(ctx, `SELECT revision FROM sessions WHERE tenant = ? AND id = ?`, sess.Tenant, sess.ID).Scan(&rev)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("session %q: %w", sess.ID, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("session %q: read at revision %d, now at %d: %w", sess.ID, sess.Revision, rev, errdefs.ErrConflict)
 }
 
 // DeleteSession implements store.Store.
@@ -244,7 +267,8 @@ func (s *Store) countByStatus(ctx context.Context, table string) (map[string]int
 	return out, nil
 }
 
-// sessionArgs checks sess and returns its columns in sessionColumns order.
+// sessionArgs checks sess and returns its columns in sessionColumns order,
+// all but revision, which the store keeps.
 func sessionArgs(sess *store.Session) ([]any, error) {
 	if sess == nil {
 		return nil, fmt.Errorf("session: nil: %w", errdefs.ErrInvalidArgument)
@@ -296,7 +320,7 @@ func scanSession(row interface{ Scan(...any) error }) (*store.Session, error) {
 		due                   sql.NullInt64
 	)
 	if err := row.Scan(&sess.Tenant, &sess.ID, &sess.Status, &sess.TemplateID, &sess.SandboxID, &sess.Error, &meta, &config,
-		&created, &updated, &lastActivity, &expires, &due, &sess.DiskMB); err != nil {
+		&created, &updated, &lastActivity, &expires, &due, &sess.DiskMB, &sess.Revision); err != nil {
 		return nil, err
 	}
 	// metadata is never "null" (see sessionArgs), so this makes a map.

@@ -42,6 +42,7 @@ func testSessionCRUD(t *testing.T, open func(t *testing.T) store.Store) {
 	if got, _ := s.GetSession(ctx, "t1", "s1"); got == nil || got.SandboxID != "sb-1" {
 		t.Errorf("after setting SandboxID: %+v", got)
 	}
+	upd.Revision = want.Revision
 	if err := s.UpdateSession(ctx, upd); err != nil {
 		t.Fatalf("UpdateSession = %v", err)
 	}
@@ -131,7 +132,9 @@ func testSessionErrors(t *testing.T, open func(t *testing.T) store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := diffSession(got, newSession("t1", "s1", t0)); d != "" {
+	want := newSession("t1", "s1", t0)
+	want.Revision = 1
+	if d := diffSession(got, want); d != "" {
 		t.Errorf("after a failed create: %s", d)
 	}
 }

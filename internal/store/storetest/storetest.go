@@ -1,8 +1,10 @@
 // Package storetest is the conformance suite every store.Store passes:
 // CRUD of each record, the errdefs categories, tenant isolation, keyset
-// pagination, filters, concurrent writers, cascades, upload directory
-// deletes and time round trips. It checks behaviour, never timing; the
-// backends' benchmarks measure that.
+// pagination, filters, concurrent writers, session revisions
+// (compare-and-swap), cascades, upload directory deletes, time round trips
+// and leases (one holder at a time, renewal, expiry, release, fencing
+// tokens). It checks behaviour, never timing; the backends' benchmarks
+// measure that.
 package storetest
 
 import (
@@ -27,6 +29,8 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	}{
 		{"SessionCRUD", testSessionCRUD},
 		{"SessionErrors", testSessionErrors},
+		{"SessionRevisions", testSessionRevisions},
+		{"ConcurrentUpdate", testConcurrentUpdate},
 		{"SessionPagination", testSessionPagination},
 		{"SessionFilters", testSessionFilters},
 		{"PageLimits", testPageLimits},
@@ -49,6 +53,11 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"DeleteExecutions", testDeleteExecutions},
 		{"Uploads", testUploads},
 		{"DeleteUploads", testDeleteUploads},
+		{"LeaseOneHolder", testLeaseOneHolder},
+		{"LeaseRenewal", testLeaseRenewal},
+		{"LeaseExpiry", testLeaseExpiry},
+		{"LeaseRelease", testLeaseRelease},
+		{"LeaseErrors", testLeaseErrors},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
@@ -111,6 +120,12 @@ func diffSession(got, want *store.Session) string {
 	}
 	if got.Error != want.Error {
 		add("Error", got.Error, want.Error)
+	}
+	if got.DiskMB != want.DiskMB {
+		add("DiskMB", got.DiskMB, want.DiskMB)
+	}
+	if got.Revision != want.Revision {
+		add("Revision", got.Revision, want.Revision)
 	}
 	wantMeta := want.Metadata
 	if wantMeta == nil {
