@@ -148,6 +148,7 @@ type App struct {
 	Sessions *session.Manager
 	Execs    *execution.Service
 	log      *slog.Logger
+	leader   *leadership
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -170,6 +171,9 @@ func (a *App) collect(content *cas.Store, blobs blob.Store) {
 		case <-a.stop:
 			return
 		case <-t.C:
+		}
+		if !a.leader.held(context.Background()) {
+			continue // another replica collects
 		}
 		files, bytes, err := content.Collect(contentGCGrace)
 		switch {
@@ -265,6 +269,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, err
 	}
+	leader := &leadership{store: st, holder: replicaName(), log: log}
 	var metrics *server.Metrics
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
@@ -273,6 +278,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
 		StoredPrefixes: func(tenant string) []string { return []string{server.PresignPrefix(key, tenant)} },
 		Instance:       instance,
+		Leader:         leader.held,
 		Limits: func(tenant string) session.Limits {
 			if l, ok := cfg.TenantLimits[tenant]; ok {
 				return l
@@ -323,7 +329,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, stop: make(chan struct{})}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, stop: make(chan struct{})}
 	app.wg.Add(1)
 	go app.collect(content, blobs)
 	return app, nil
@@ -336,6 +342,7 @@ func (a *App) Close() {
 	a.wg.Wait()
 	a.Execs.Close()
 	a.Sessions.Close()
+	a.leader.release()
 	a.Store.Close()
 }
 

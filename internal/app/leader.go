@@ -1,0 +1,81 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// leaderLease is the lease in the store that the replica running the
+// reaper and the collectors holds, for leaderTTL after its last renewal:
+// when it dies, another takes over within that.
+const (
+	leaderLease = "reaper"
+	leaderTTL   = 15 * time.Second
+)
+
+// leadership is this process's claim to run the background work of the
+// replicas sharing a store. held renews the lease each time it is asked
+// (the reaper asks every few seconds).
+type leadership struct {
+	store  store.Store
+	holder string
+	log    *slog.Logger
+
+	mu    sync.Mutex
+	token int64 // of the current holding; 0 when not held
+}
+
+// replicaName names this process among the replicas: host, pid and a
+// random suffix (pids repeat across containers).
+func replicaName() string {
+	host, _ := os.Hostname()
+	b := make([]byte, 4)
+	rand.Read(b)
+	return fmt.Sprintf("%s/%d/%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// held reports whether this process holds the lease now, taking or
+// renewing it.
+func (l *leadership) held(ctx context.Context) bool {
+	token, held, err := l.store.TryLease(ctx, leaderLease, l.holder, leaderTTL)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		// Without the store nothing can be reaped anyway; the lease runs
+		// out and another replica may take it.
+		l.log.Warn("renewing the reaper's lease", "err", err)
+		held = false
+	}
+	switch {
+	case held && token != l.token:
+		l.log.Info("this replica runs the reaper and the collectors", "replica", l.holder, "token", token)
+	case !held && l.token != 0:
+		l.log.Info("another replica runs the reaper and the collectors now", "replica", l.holder)
+	}
+	if !held {
+		token = 0
+	}
+	l.token = token
+	return held
+}
+
+// release gives the lease up, so that another replica takes over at once.
+func (l *leadership) release() {
+	l.mu.Lock()
+	held := l.token != 0
+	l.token = 0
+	l.mu.Unlock()
+	if held {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l.store.ReleaseLease(ctx, leaderLease, l.holder)
+	}
+}
