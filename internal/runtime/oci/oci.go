@@ -573,15 +573,27 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 			return fmt.Errorf("sandbox %s: resume to stop: %v: %s", id, err, out)
 		}
 	}
+	// runsc's "stopped" is a guess when its sandbox does not answer in
+	// time (runsc state signals the container and takes an error for its
+	// end), so under load it can say stopped while the container runs.
+	// The sandbox process (the pid it reports while running) exits with
+	// the container's init: that is what ends a runsc Stop.
+	sandboxPid := 0
+	if r.name == "runsc" {
+		sandboxPid = st.Pid
+	}
+	stopped := func(st *ociStateJSON) bool {
+		return st.Status == "stopped" && (sandboxPid <= 0 || !processAlive(sandboxPid))
+	}
 	if out, err := r.run(ctx, nil, "kill", "--all", id, "KILL"); err != nil {
-		if st, serr := r.state(ctx, id); serr == nil && st.Status == "stopped" {
+		if st, serr := r.state(ctx, id); serr == nil && stopped(st) {
 			return nil
 		}
 		return fmt.Errorf("sandbox %s: %s kill: %v: %s", id, r.name, err, out)
 	}
 	for delay := time.Millisecond; ; delay = min(2*delay, 50*time.Millisecond) {
 		st, err := r.state(ctx, id)
-		if err != nil || st.Status == "stopped" {
+		if err != nil || stopped(st) {
 			return err
 		}
 		select {
@@ -590,6 +602,18 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 		case <-time.After(delay):
 		}
 	}
+}
+
+// processAlive says whether pid is a process that has not exited (a
+// zombie has).
+func processAlive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && b[i+2] != 'Z' && b[i+2] != 'X'
 }
 
 // Destroy kills the sandbox and removes its runtime state, cgroups and
