@@ -149,6 +149,7 @@ type App struct {
 	Execs    *execution.Service
 	log      *slog.Logger
 	leader   *leadership
+	replica  string // this process's name among the replicas
 	stop     chan struct{}
 	wg       sync.WaitGroup
 }
@@ -269,7 +270,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, err
 	}
-	leader := &leadership{store: st, holder: replicaName(), log: log}
+	replica := replicaName()
+	leader := &leadership{store: st, holder: replica, log: log}
+	// Alive before anything runs: other replicas leave what this one owns.
+	if err := heartbeat(ctx, st, replica); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("store: %w", err)
+	}
 	var metrics *server.Metrics
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
@@ -298,7 +305,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	metrics = server.NewMetrics(st, mgr)
-	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished})
+	execs := execution.New(execution.Options{
+		Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished,
+		Owner: replica, Alive: func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) },
+	})
 	if err := execs.Recover(ctx); err != nil {
 		execs.Close()
 		mgr.Close()
@@ -329,9 +339,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, stop: make(chan struct{})}
-	app.wg.Add(1)
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
+	app.wg.Add(2)
 	go app.collect(content, blobs)
+	go app.beat()
 	return app, nil
 }
 
@@ -343,6 +354,9 @@ func (a *App) Close() {
 	a.Execs.Close()
 	a.Sessions.Close()
 	a.leader.release()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	a.Store.ReleaseLease(ctx, replicaLease(a.replica), a.replica)
+	cancel()
 	a.Store.Close()
 }
 

@@ -79,3 +79,55 @@ func (l *leadership) release() {
 		l.store.ReleaseLease(ctx, leaderLease, l.holder)
 	}
 }
+
+// Every replica holds a liveness lease of its own, replica/NAME, renewed
+// every beatEvery for replicaTTL: the executions it runs carry its name,
+// and a replica whose lease has run out is gone, so its unfinished
+// executions are failed (execution.Service.Recover) by whichever replica
+// runs the reaper.
+const (
+	replicaTTL = 15 * time.Second
+	beatEvery  = 5 * time.Second
+)
+
+func replicaLease(name string) string { return "replica/" + name }
+
+// heartbeat takes or renews this replica's liveness lease.
+func heartbeat(ctx context.Context, st store.Store, name string) error {
+	_, held, err := st.TryLease(ctx, replicaLease(name), name, replicaTTL)
+	if err == nil && !held {
+		err = fmt.Errorf("the liveness lease of replica %s is another's", name)
+	}
+	return err
+}
+
+// alive says whether the replica named owner still holds its lease.
+func alive(ctx context.Context, st store.Store, owner string) (bool, error) {
+	holder, live, err := st.LeaseHolder(ctx, replicaLease(owner))
+	return live && holder == owner, err
+}
+
+// beat keeps this replica alive in the store and, on the replica that
+// runs the reaper, fails the executions of replicas that are gone.
+func (a *App) beat() {
+	defer a.wg.Done()
+	t := time.NewTicker(beatEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.stop:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), beatEvery)
+		if err := heartbeat(ctx, a.Store, a.replica); err != nil {
+			a.log.Error("renewing this replica's liveness lease; others may take its executions for lost", "err", err)
+		}
+		if a.leader.held(ctx) {
+			if err := a.Execs.Recover(ctx); err != nil {
+				a.log.Warn("failing the executions of replicas that stopped", "err", err)
+			}
+		}
+		cancel()
+	}
+}

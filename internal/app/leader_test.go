@@ -2,14 +2,17 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
 )
 
@@ -77,5 +80,69 @@ func TestOneLeader(t *testing.T) {
 	}
 	for _, a := range rest {
 		a.Close()
+	}
+}
+
+// A replica that starts fails the executions of servers that are gone (a
+// previous process, one that died), never those of a live replica; when a
+// replica stops, the one running the reaper fails what it left.
+func TestExecutionsOfGoneReplicas(t *testing.T) {
+	url := pgtest.URL(t)
+	open := func() *App {
+		dir := t.TempDir()
+		a, err := Open(context.Background(), Config{
+			DataDir: dir, StateDir: filepath.Join(dir, "state"), Store: url, WorkspaceQuota: "off",
+			Log:     slog.New(slog.DiscardHandler),
+			Runtime: func(string) (runtime.Runtime, error) { return nil, fmt.Errorf("none: %w", errdefs.ErrUnavailable) },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	ctx := context.Background()
+	a := open()
+	running := func(id, owner string) {
+		t.Helper()
+		if err := a.Store.CreateExecution(ctx, &store.Execution{
+			Tenant: "default", ID: id, SessionID: "s", Status: api.ExecRunning, Language: "python",
+			Request: json.RawMessage(`{"code":"1"}`), CreatedAt: time.Now(), StartedAt: time.Now(), Owner: owner,
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	running("x-a", a.replica)
+	running("x-gone", "some-host/1234/deadbeef")
+	running("x-old", "")
+	status := func(id string) string {
+		t.Helper()
+		x, err := a.Store.GetExecution(ctx, "default", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x.Status
+	}
+	b := open()
+	defer b.Close()
+	for id, want := range map[string]string{"x-a": api.ExecRunning, "x-gone": api.ExecFailed, "x-old": api.ExecFailed} {
+		if got := status(id); got != want {
+			t.Errorf("%s after another replica started: %s, want %s", id, got, want)
+		}
+	}
+	st := b.Store
+	a.Close() // its executions are its own to finish, but this one was made by hand
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		x, err := st.GetExecution(ctx, "default", "x-a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if x.Status == api.ExecFailed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the execution of a stopped replica is still running 30 s later")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

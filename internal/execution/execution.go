@@ -45,6 +45,14 @@ type Options struct {
 	Log      *slog.Logger
 	// Finished, if set, hears of every execution's end (metrics).
 	Finished func(status string, d time.Duration)
+	// Owner names this server among the replicas sharing the store: the
+	// executions it runs carry it, and only it or a server that finds it
+	// gone fails them when they are left unfinished.
+	Owner string
+	// Alive says whether the server named owner still runs (its liveness
+	// lease, internal/app). nil: no other server does, so an unfinished
+	// execution of another owner is a previous process's.
+	Alive func(ctx context.Context, owner string) (bool, error)
 }
 
 // Service runs executions.
@@ -80,26 +88,47 @@ func (s *Service) Close() {
 	s.wg.Wait()
 }
 
-// Recover marks the executions a previous server process left pending or
-// running as failed: their outcome was lost with it.
+// Recover marks as failed the executions left pending or running by a
+// server that is gone (a previous process, a replica that died): their
+// outcome was lost with it. This server's own, and those of servers still
+// alive, are left alone. A server runs it at start, and the replica that
+// runs the reaper runs it again every few seconds.
 func (s *Service) Recover(ctx context.Context) error {
 	recs, err := s.opt.Store.ListUnfinishedExecutions(ctx)
 	if err != nil {
 		return err
 	}
+	alive := map[string]bool{}
+	failed := 0
 	for _, rec := range recs {
+		if rec.Owner == s.opt.Owner && rec.Owner != "" {
+			continue
+		}
+		if rec.Owner != "" && s.opt.Alive != nil {
+			live, seen := alive[rec.Owner]
+			if !seen {
+				if live, err = s.opt.Alive(ctx, rec.Owner); err != nil {
+					return err
+				}
+				alive[rec.Owner] = live
+			}
+			if live {
+				continue
+			}
+		}
 		x := summary(rec)
 		now := time.Now().UTC()
 		x.Status, x.FinishedAt = api.ExecFailed, &now
-		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server restarted while this execution was " + rec.Status + "; its outcome is unknown: submit it again"}
+		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server running this execution stopped (a restart or a crash) while it was " + rec.Status + "; its outcome is unknown: submit it again"}
 		rec.Status, rec.FinishedAt = x.Status, now
 		rec.Result, _ = json.Marshal(x)
 		if err := s.opt.Store.UpdateExecution(ctx, rec); err != nil {
 			return err
 		}
+		failed++
 	}
-	if len(recs) > 0 {
-		s.log.Warn("executions interrupted by a restart marked failed", "count", len(recs))
+	if failed > 0 {
+		s.log.Warn("executions of a server that stopped marked failed", "count", failed)
 	}
 	return nil
 }
@@ -189,7 +218,7 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 		rec: store.Execution{
 			Tenant: tenant, ID: id, SessionID: sessionID, Status: api.ExecPending,
 			Language: rreq.Language, ConversationID: rreq.ConversationID, ContextID: rreq.ContextID,
-			Request: stored, CreatedAt: now,
+			Request: stored, CreatedAt: now, Owner: s.opt.Owner,
 		},
 		req: *rreq, status: api.ExecPending, done: make(chan struct{}), changed: make(chan struct{}),
 	}

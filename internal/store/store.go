@@ -128,6 +128,9 @@ type Store interface {
 	// rounded up. An empty name or holder, or a ttl <= 0, is
 	// errdefs.ErrInvalidArgument.
 	TryLease(ctx context.Context, name, holder string, ttl time.Duration) (token int64, held bool, err error)
+	// LeaseHolder says who holds the named lease and whether it is live
+	// (not expired, not released): "" and false for a lease never taken.
+	LeaseHolder(ctx context.Context, name string) (holder string, live bool, err error)
 	// ReleaseLease gives the lease up if holder has it (otherwise
 	// nothing), so that another can take it at once. The lease keeps its
 	// token: another holder that takes it next gets a larger one.
@@ -193,6 +196,9 @@ type Execution struct {
 	CreatedAt time.Time
 	// StartedAt and FinishedAt are zero until then.
 	StartedAt, FinishedAt time.Time
+	// Owner is the server (replica) that runs the execution: only it, or
+	// a server that finds it gone, may fail it when it is left unfinished.
+	Owner string
 }
 
 // ExecutionSummary is an execution's record without its request and

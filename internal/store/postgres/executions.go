@@ -13,7 +13,7 @@ import (
 )
 
 const executionColumns = `id, tenant, session_id, status, language, conversation_id, context_id, request, result,
-	created_at, started_at, finished_at`
+	created_at, started_at, finished_at, owner`
 
 // summaryColumns are the columns of a listing: no request, no result (a
 // row's can be tens of MiB; a page has up to 1,000 rows). Not selected,
@@ -28,7 +28,7 @@ func (s *Store) CreateExecution(ctx context.Context, x *store.Execution) error {
 		return err
 	}
 	_, err = s.pool.Exec(ctx, `INSERT INTO executions (`+executionColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`, args...)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`, args...)
 	if isDuplicate(err) {
 		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrAlreadyExists)
 	}
@@ -45,7 +45,7 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 		return err
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE executions SET session_id = $3, status = $4, language = $5, conversation_id = $6,
-		context_id = $7, request = $8, result = $9, created_at = $10, started_at = $11, finished_at = $12
+		context_id = $7, request = $8, result = $9, created_at = $10, started_at = $11, finished_at = $12, owner = $13
 		WHERE id = $1 AND tenant = $2`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
@@ -190,7 +190,7 @@ func executionArgs(x *store.Execution) ([]any, error) {
 	}
 	return []any{
 		x.ID, x.Tenant, x.SessionID, x.Status, x.Language, x.ConversationID, x.ContextID, rawJSON(x.Request), rawJSON(x.Result),
-		ts(x.CreatedAt), ts(x.StartedAt), ts(x.FinishedAt),
+		ts(x.CreatedAt), ts(x.StartedAt), ts(x.FinishedAt), x.Owner,
 	}, nil
 }
 
@@ -201,7 +201,7 @@ func scanExecution(row pgx.Row) (*store.Execution, error) {
 		created, started, finished pgtype.Timestamptz
 	)
 	if err := row.Scan(&x.ID, &x.Tenant, &x.SessionID, &x.Status, &x.Language, &x.ConversationID, &x.ContextID, &req, &res,
-		&created, &started, &finished); err != nil {
+		&created, &started, &finished, &x.Owner); err != nil {
 		return nil, err
 	}
 	x.Request, x.Result = fromRawJSON(req), fromRawJSON(res)

@@ -44,6 +44,25 @@ func (s *Store) TryLease(ctx context.Context, name, holder string, ttl time.Dura
 	return token, true, nil
 }
 
+// LeaseHolder implements store.Store, on the database's clock.
+func (s *Store) LeaseHolder(ctx context.Context, name string) (string, bool, error) {
+	if err := store.CheckLease(name, "-"); err != nil {
+		return "", false, err
+	}
+	var (
+		holder string
+		live   bool
+	)
+	err := s.pool.QueryRow(ctx, `SELECT holder, expires_at > clock_timestamp() FROM leases WHERE name = $1`, name).Scan(&holder, &live)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, dbErr(fmt.Sprintf("lease %q", name), err)
+	}
+	return holder, live, nil
+}
+
 // ReleaseLease implements store.Store: the lease expires at -infinity,
 // keeping its token.
 func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {

@@ -108,6 +108,10 @@ CREATE TABLE leases (
 	expires_at timestamptz NOT NULL
 );
 `,
+	// 4: the server that runs an execution; '' for those made before.
+	`
+ALTER TABLE executions ADD COLUMN owner text COLLATE "C" NOT NULL DEFAULT '';
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

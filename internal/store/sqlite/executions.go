@@ -11,7 +11,7 @@ import (
 )
 
 const executionColumns = `id, tenant, session_id, status, language, conversation_id, context_id, request, result,
-	created_at, started_at, finished_at`
+	created_at, started_at, finished_at, owner`
 
 // summaryColumns are the columns of a listing: no request, no result (a
 // row's can be tens of MiB; a page has up to 1,000 rows).
@@ -24,7 +24,7 @@ func (s *Store) CreateExecution(ctx context.Context, x *store.Execution) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO executions (`+executionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+	_, err = s.w.ExecContext(ctx, `INSERT INTO executions (`+executionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 	if isDuplicate(err) {
 		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrAlreadyExists)
 	}
@@ -43,7 +43,7 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 	// The key goes last, for the WHERE.
 	args = append(args[2:], x.ID, x.Tenant)
 	res, err := s.w.ExecContext(ctx, `UPDATE executions SET session_id = ?, status = ?, language = ?, conversation_id = ?,
-		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?
+		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?, owner = ?
 		WHERE id = ? AND tenant = ?`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
@@ -176,7 +176,7 @@ func executionArgs(x *store.Execution) ([]any, error) {
 	}
 	return []any{
 		x.ID, x.Tenant, x.SessionID, x.Status, x.Language, x.ConversationID, x.ContextID, rawJSON(x.Request), rawJSON(x.Result),
-		micros(x.CreatedAt), micros(x.StartedAt), micros(x.FinishedAt),
+		micros(x.CreatedAt), micros(x.StartedAt), micros(x.FinishedAt), x.Owner,
 	}, nil
 }
 
@@ -187,7 +187,7 @@ func scanExecution(row interface{ Scan(...any) error }) (*store.Execution, error
 		created, started, finished sql.NullInt64
 	)
 	if err := row.Scan(&x.ID, &x.Tenant, &x.SessionID, &x.Status, &x.Language, &x.ConversationID, &x.ContextID, &req, &res,
-		&created, &started, &finished); err != nil {
+		&created, &started, &finished, &x.Owner); err != nil {
 		return nil, err
 	}
 	x.Request, x.Result = fromRawJSON(req), fromRawJSON(res)

@@ -43,6 +43,25 @@ func (s *Store) TryLease(ctx context.Context, name, holder string, ttl time.Dura
 	return token, true, nil
 }
 
+// LeaseHolder implements store.Store.
+func (s *Store) LeaseHolder(ctx context.Context, name string) (string, bool, error) {
+	if err := store.CheckLease(name, "-"); err != nil {
+		return "", false, err
+	}
+	var (
+		holder  string
+		expires int64
+	)
+	err := s.r.QueryRowContext(ctx, `SELECT holder, expires_at FROM leases WHERE name = ?`, name).Scan(&holder, &expires)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, dbErr(fmt.Sprintf("lease %q", name), err)
+	}
+	return holder, expires > time.Now().UnixMicro(), nil
+}
+
 // ReleaseLease implements store.Store: the lease expires at the epoch,
 // which has passed, keeping its token.
 func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {

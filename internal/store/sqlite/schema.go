@@ -107,6 +107,10 @@ CREATE TABLE leases (
 	expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
 `,
+	// 6: the server that runs an execution; '' for those made before.
+	`
+ALTER TABLE executions ADD COLUMN owner TEXT NOT NULL DEFAULT '';
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

@@ -20,7 +20,7 @@ func newExecution(tenant, id, sessionID string, created time.Time) *store.Execut
 		Tenant: tenant, ID: id, SessionID: sessionID, Status: "pending",
 		Language: "python", ConversationID: "c1", ContextID: "ctx1",
 		Request:   json.RawMessage(`{"code":"print(1)","timeout_ms":1000}`),
-		CreatedAt: created,
+		CreatedAt: created, Owner: "replica-1",
 	}
 }
 
@@ -48,7 +48,7 @@ func testExecutionCRUD(t *testing.T, open func(t *testing.T) store.Store) {
 			x.Result = json.RawMessage(`{"stdout":"1\n","exit_code":0}`)
 		},
 		func(x *store.Execution) {
-			x.SessionID, x.Language, x.ConversationID, x.ContextID = "s2", "node", "", ""
+			x.SessionID, x.Language, x.ConversationID, x.ContextID, x.Owner = "s2", "node", "", "", "replica-2"
 			x.Request, x.Result, x.StartedAt = nil, nil, time.Time{}
 		},
 	} {

@@ -194,3 +194,48 @@ func testLeaseErrors(t *testing.T, open func(t *testing.T) store.Store) {
 		t.Errorf("TryLease after refused calls = %d, %v; want 1, held", token, held)
 	}
 }
+
+// testLeaseHolder: who holds a lease, and whether it is live, for a lease
+// never taken, held, released and expired.
+func testLeaseHolder(t *testing.T, open func(t *testing.T) store.Store) {
+	s := open(t)
+	holder := func(name string) (string, bool) {
+		t.Helper()
+		h, live, err := s.LeaseHolder(ctx, name)
+		if err != nil {
+			t.Fatalf("LeaseHolder(%q) = %v", name, err)
+		}
+		return h, live
+	}
+	if h, live := holder("l"); h != "" || live {
+		t.Errorf("a lease never taken: %q, %v", h, live)
+	}
+	tryLease(t, s, "l", "a", long)
+	if h, live := holder("l"); h != "a" || !live {
+		t.Errorf("a held lease: %q, %v; want a, live", h, live)
+	}
+	if err := s.ReleaseLease(ctx, "l", "a"); err != nil {
+		t.Fatal(err)
+	}
+	if h, live := holder("l"); h != "a" || live {
+		t.Errorf("a released lease: %q, %v; want a, not live", h, live)
+	}
+	tryLease(t, s, "m", "b", 50*time.Millisecond)
+	deadline := time.Now().Add(time.Minute)
+	for {
+		h, live := holder("m")
+		if h != "b" {
+			t.Fatalf("an expiring lease's holder: %q", h)
+		}
+		if !live {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a lease of 50ms was live a minute later")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, _, err := s.LeaseHolder(ctx, ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("LeaseHolder(\"\") = %v, want ErrInvalidArgument", err)
+	}
+}

@@ -58,6 +58,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"LeaseExpiry", testLeaseExpiry},
 		{"LeaseRelease", testLeaseRelease},
 		{"LeaseErrors", testLeaseErrors},
+		{"LeaseHolder", testLeaseHolder},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
@@ -166,6 +167,9 @@ func diffExecution(got, want *store.Execution) string {
 	if got.Language != want.Language || got.ConversationID != want.ConversationID || got.ContextID != want.ContextID {
 		add("Language/ConversationID/ContextID", []string{got.Language, got.ConversationID, got.ContextID},
 			[]string{want.Language, want.ConversationID, want.ContextID})
+	}
+	if got.Owner != want.Owner {
+		add("Owner", got.Owner, want.Owner)
 	}
 	if !sameJSON(got.Request, want.Request) {
 		add("Request", string(got.Request), string(want.Request))
