@@ -16,22 +16,27 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
 )
 
+// openReplica opens a server on the store at url, with a data directory
+// of its own and no sandbox runtime.
+func openReplica(t *testing.T, url string, reapInterval time.Duration) *App {
+	t.Helper()
+	dir := t.TempDir()
+	a, err := Open(context.Background(), Config{
+		DataDir: dir, StateDir: filepath.Join(dir, "state"), Store: url, WorkspaceQuota: "off",
+		ReapInterval: reapInterval, Log: slog.New(slog.DiscardHandler),
+		Runtime: func(string) (runtime.Runtime, error) { return nil, fmt.Errorf("none: %w", errdefs.ErrUnavailable) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 // Of replicas sharing a store exactly one runs the reaper and the
 // collectors; when it stops, another takes over.
 func TestOneLeader(t *testing.T) {
 	url := pgtest.URL(t)
-	open := func() *App {
-		dir := t.TempDir()
-		a, err := Open(context.Background(), Config{
-			DataDir: dir, StateDir: filepath.Join(dir, "state"), Store: url, WorkspaceQuota: "off",
-			ReapInterval: 20 * time.Millisecond, Log: slog.New(slog.DiscardHandler),
-			Runtime: func(string) (runtime.Runtime, error) { return nil, fmt.Errorf("none: %w", errdefs.ErrUnavailable) },
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a
-	}
+	open := func() *App { return openReplica(t, url, 20*time.Millisecond) }
 	apps := []*App{open(), open(), open()}
 	token := func(a *App) int64 {
 		a.leader.mu.Lock()
@@ -88,18 +93,7 @@ func TestOneLeader(t *testing.T) {
 // replica stops, the one running the reaper fails what it left.
 func TestExecutionsOfGoneReplicas(t *testing.T) {
 	url := pgtest.URL(t)
-	open := func() *App {
-		dir := t.TempDir()
-		a, err := Open(context.Background(), Config{
-			DataDir: dir, StateDir: filepath.Join(dir, "state"), Store: url, WorkspaceQuota: "off",
-			Log:     slog.New(slog.DiscardHandler),
-			Runtime: func(string) (runtime.Runtime, error) { return nil, fmt.Errorf("none: %w", errdefs.ErrUnavailable) },
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return a
-	}
+	open := func() *App { return openReplica(t, url, 0) }
 	ctx := context.Background()
 	a := open()
 	running := func(id, owner string) {
