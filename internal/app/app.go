@@ -32,6 +32,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -305,10 +306,14 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	metrics = server.NewMetrics(st, mgr)
-	execs := execution.New(execution.Options{
-		Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished,
-		Owner: replica, Alive: func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) },
-	})
+	execOpt := execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica}
+	if _, local := st.(*sqlite.Store); !local {
+		// Other servers may share the store: theirs are theirs while they
+		// live. An SQLite file has one server: what it finds unfinished
+		// at start is a previous process's, failed at once.
+		execOpt.Alive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
+	}
+	execs := execution.New(execOpt)
 	if err := execs.Recover(ctx); err != nil {
 		execs.Close()
 		mgr.Close()
