@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/sbx-sandbox/sbx/internal/app"
+	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
@@ -38,34 +39,36 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, serveUsage); fs.PrintDefaults() }
 	var (
-		addr      = fs.String("addr", "127.0.0.1:7070", "listen `address`")
-		data      = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
-		state     = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
-		storeURL  = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
-		blobURL   = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) or s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION (credentials from the AWS environment and shared config; env SBX_BLOB)")
-		tmplDir   = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
-		level     = fs.String("log-level", "info", "debug, info, warn or error")
-		prebuild  = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
-		idle      = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
-		hibern    = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
-		ttl       = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
-		maxSbx    = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		limits    = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, presigned copies); 0 is no bound (env SBX_LIMITS)")
-		sessMax   = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
-		hdrTime   = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
-		connIdle  = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")
-		bodyTime  = fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "a request body that sends nothing this long loses its connection (also its head start before --http-min-body-rate)")
-		bodyRate  = fs.Int64("http-min-body-rate", server.DefaultMinBodyRate, "slowest average `bytes/s` a request body may arrive at (negative: no minimum)")
-		snapDepth = fs.Int("snapshot-max-depth", snapshot.DefaultMaxDepth, "deepest directory nesting a snapshot or hibernation saves")
-		snapPath  = fs.Int("snapshot-max-path", snapshot.DefaultMaxPath, "longest path, in bytes, a snapshot or hibernation saves")
-		snapN     = fs.Int("snapshot-max-entries", snapshot.DefaultMaxEntries, "most files, directories and links a snapshot or hibernation saves")
-		snapBytes = fs.Int64("snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of file content a snapshot or hibernation reads")
-		snapTime  = fs.Duration("snapshot-timeout", snapshot.DefaultTimeout, "longest a snapshot, hibernation or restore may take")
-		wsQuota   = fs.String("workspace-quota", "auto", "workspace disk quotas (resources.disk): auto (btrfs: the data dir's own, or an image DATA-DIR/workspaces.img mounted at DATA-DIR/workspaces) or off (no quota: development only)")
-		imageSize = fs.Int64("workspace-image-size", 0, "size in `GiB` of the workspace image when it is made (sparse; default 64, at most 90% of the free disk)")
-		keySpecs  multiFlag
-		poolSpecs multiFlag
-		tenantLim multiFlag
+		addr       = fs.String("addr", "127.0.0.1:7070", "listen `address`")
+		data       = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
+		state      = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
+		storeURL   = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
+		blobURL    = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) or s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION (credentials from the AWS environment and shared config; env SBX_BLOB)")
+		tmplDir    = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
+		level      = fs.String("log-level", "info", "debug, info, warn or error")
+		prebuild   = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
+		idle       = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
+		hibern     = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
+		ttl        = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
+		maxSbx     = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
+		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, presigned copies); 0 is no bound (env SBX_LIMITS)")
+		sessMax    = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
+		hdrTime    = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
+		connIdle   = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")
+		bodyTime   = fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "a request body that sends nothing this long loses its connection (also its head start before --http-min-body-rate)")
+		bodyRate   = fs.Int64("http-min-body-rate", server.DefaultMinBodyRate, "slowest average `bytes/s` a request body may arrive at (negative: no minimum)")
+		snapDepth  = fs.Int("snapshot-max-depth", snapshot.DefaultMaxDepth, "deepest directory nesting a snapshot or hibernation saves")
+		snapPath   = fs.Int("snapshot-max-path", snapshot.DefaultMaxPath, "longest path, in bytes, a snapshot or hibernation saves")
+		snapN      = fs.Int("snapshot-max-entries", snapshot.DefaultMaxEntries, "most files, directories and links a snapshot or hibernation saves")
+		snapBytes  = fs.Int64("snapshot-max-bytes", snapshot.DefaultMaxBytes, "most bytes of file content a snapshot or hibernation reads")
+		snapTime   = fs.Duration("snapshot-timeout", snapshot.DefaultTimeout, "longest a snapshot, hibernation or restore may take")
+		wsQuota    = fs.String("workspace-quota", "auto", "workspace disk quotas (resources.disk): auto (btrfs: the data dir's own, or an image DATA-DIR/workspaces.img mounted at DATA-DIR/workspaces) or off (no quota: development only)")
+		presignMax = fs.Int64("presign-max-bytes", server.DefaultPresignMaxBytes, "largest file a presigned URL is made for (a presign reads, hashes and stores all of it)")
+		e2bTTL     = fs.Duration("e2b-token-ttl", e2b.DefaultTokenTTL, "how long an E2B sandbox's access token stays good")
+		imageSize  = fs.Int64("workspace-image-size", 0, "size in `GiB` of the workspace image when it is made (sparse; default 64, at most 90% of the free disk)")
+		keySpecs   multiFlag
+		poolSpecs  multiFlag
+		tenantLim  multiFlag
 	)
 	fs.Var(&tenantLim, "tenant-limit", "one tenant's limits as `TENANT:NAME=VALUE,...`, over --limits (repeatable)")
 	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable)")
@@ -141,7 +144,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	a, err := app.Open(ctx, app.Config{
 		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
-		Store: *storeURL, Blob: *blobURL,
+		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
 		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes,

@@ -92,6 +92,9 @@ type Config struct {
 	// E2BTokenTTL is how long an E2B sandbox's access token, handed out by
 	// a create or a connect, stays good. Default 24h (e2b.DefaultTokenTTL).
 	E2BTokenTTL time.Duration
+	// PresignMaxBytes is the largest file a presigned URL is made for
+	// (default server.DefaultPresignMaxBytes, 8 GiB).
+	PresignMaxBytes int64
 	// Edge bounds how slowly a client may send headers and bodies and how
 	// long an idle connection stays open (server.EdgeLimits has the defaults).
 	Edge server.EdgeLimits
@@ -335,7 +338,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	srv := server.New(server.Options{
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Content: content, Keys: cfg.Keys, SigningKey: key,
-		E2BTokenTTL: cfg.E2BTokenTTL, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
+		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

@@ -91,6 +91,17 @@ func PresignPrefix(signingKey []byte, tenant string) string {
 	return "presigned/" + presignNamespace(signingKey, tenant) + "/"
 }
 
+// DefaultPresignMaxBytes is the largest file a presigned URL is made for
+// unless Options.PresignMaxBytes says otherwise.
+const DefaultPresignMaxBytes = 8 << 30
+
+func (s *Server) presignMax() int64 {
+	if s.opt.PresignMaxBytes > 0 {
+		return s.opt.PresignMaxBytes
+	}
+	return DefaultPresignMaxBytes
+}
+
 // presign copies file into the tenant's presigned copies (unless the same
 // content is there already) and answers with a signed URL for it.
 func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, name string) {
@@ -100,6 +111,17 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 		return
 	}
 	ns := s.presignNamespace(tenant(r))
+	// A copy is read, hashed and stored whole: a sparse file of a TiB
+	// costs its sandbox nothing and would cost the server minutes of a
+	// core, for every presign of it.
+	if fi, err := file.Stat(); err != nil {
+		s.writeError(w, r, err)
+		return
+	} else if max := s.presignMax(); fi.Size() > max {
+		s.writeError(w, r, fmt.Errorf("presign: %q is %d bytes, more than the %d a presigned copy may have (the server's --presign-max-bytes); download it directly: %w",
+			name, fi.Size(), max, errdefs.ErrTooLarge))
+		return
+	}
 	if err := s.opt.Sessions.AdmitStored(r.Context(), tenant(r)); err != nil {
 		s.writeError(w, r, err)
 		return

@@ -164,3 +164,35 @@ func TestPresignSparse(t *testing.T) {
 		t.Errorf("the URL %s does not name the copy %s", u, infos[0].Key)
 	}
 }
+
+// A file over the presign limit is refused (413) before a byte of it is
+// read: a sparse file costs its sandbox nothing and would cost the
+// server the hashing of all its zeros.
+func TestPresignMaxBytes(t *testing.T) {
+	dir := t.TempDir()
+	blobs, err := blobfs.New(filepath.Join(dir, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "big.txt")
+	f, _ := os.Create(file)
+	f.Truncate(1 << 40) // a TiB of holes
+	f.Close()
+	s := presignServer(t, blobs)
+	s.opt.PresignMaxBytes = 1 << 30
+	fh, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fh.Close()
+	rec := httptest.NewRecorder()
+	r := httptest.NewRequest("GET", "/x?presign=true", nil)
+	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, "t"))
+	s.presign(rec, r, fh, "big.txt")
+	if rec.Code != 413 || !strings.Contains(rec.Body.String(), "presign-max-bytes") {
+		t.Errorf("presign of a TiB: %d %s", rec.Code, rec.Body)
+	}
+	if infos, _ := blobtest.List(context.Background(), blobs, "presigned/"); len(infos) != 0 {
+		t.Errorf("copies made: %+v", infos)
+	}
+}

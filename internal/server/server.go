@@ -39,6 +39,9 @@ type Options struct {
 	SigningKey []byte
 	// E2BTokenTTL is how long an E2B access token stays good (0: 24h).
 	E2BTokenTTL time.Duration
+	// PresignMaxBytes is the largest file a presigned URL is made for
+	// (0: DefaultPresignMaxBytes): a presign reads and hashes all of it.
+	PresignMaxBytes int64
 	Metrics     *Metrics
 	Log         *slog.Logger
 	// Version is the server's version, as the MCP server tells clients.
