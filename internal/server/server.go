@@ -42,8 +42,8 @@ type Options struct {
 	// PresignMaxBytes is the largest file a presigned URL is made for
 	// (0: DefaultPresignMaxBytes): a presign reads and hashes all of it.
 	PresignMaxBytes int64
-	Metrics     *Metrics
-	Log         *slog.Logger
+	Metrics         *Metrics
+	Log             *slog.Logger
 	// Version is the server's version, as the MCP server tells clients.
 	Version string
 	// Ready reports whether the server can take work (for /readyz): each
