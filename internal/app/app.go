@@ -147,15 +147,16 @@ func openQuota(ctx context.Context, cfg Config, log *slog.Logger) (quota.Dirs, e
 
 // App is a running control plane: everything `sbx serve` wires together.
 type App struct {
-	Server   *server.Server
-	Store    store.Store
-	Sessions *session.Manager
-	Execs    *execution.Service
-	log      *slog.Logger
-	leader   *leadership
-	replica  string // this process's name among the replicas
-	stop     chan struct{}
-	wg       sync.WaitGroup
+	Server    *server.Server
+	Store     store.Store
+	Sessions  *session.Manager
+	Execs     *execution.Service
+	log       *slog.Logger
+	leader    *leadership
+	replica   string // this process's name among the replicas
+	stop      chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
 }
 
 // Every collectInterval the server removes what nothing can use any more:
@@ -357,6 +358,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 // Close stops the background work and closes the store. Sandboxes stay
 // up for the next process to reattach to.
 func (a *App) Close() {
+	a.closeOnce.Do(a.close)
+}
+
+func (a *App) close() {
 	close(a.stop)
 	a.wg.Wait()
 	a.Execs.Close()

@@ -51,7 +51,9 @@ func (l *leadership) held(ctx context.Context) bool {
 	if err != nil {
 		// Without the store nothing can be reaped anyway; the lease runs
 		// out and another replica may take it.
-		l.log.Warn("renewing the reaper's lease", "err", err)
+		if ctx.Err() == nil {
+			l.log.Warn("renewing the reaper's lease", "err", err)
+		}
 		held = false
 	}
 	switch {
@@ -68,15 +70,18 @@ func (l *leadership) held(ctx context.Context) bool {
 }
 
 // release gives the lease up, so that another replica takes over at once.
+// It asks the store whatever this process last saw: a renewal cut short
+// by the shutdown (its context cancelled) leaves token 0 while the store
+// still has this process as the holder. Releasing a lease another holds
+// does nothing.
 func (l *leadership) release() {
 	l.mu.Lock()
-	held := l.token != 0
 	l.token = 0
 	l.mu.Unlock()
-	if held {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		l.store.ReleaseLease(ctx, leaderLease, l.holder)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := l.store.ReleaseLease(ctx, leaderLease, l.holder); err != nil {
+		l.log.Warn("giving up the reaper's lease; another replica takes over when it runs out", "err", err)
 	}
 }
 

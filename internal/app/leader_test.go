@@ -29,6 +29,7 @@ func openReplica(t *testing.T, url string, reapInterval time.Duration) *App {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(a.Close) // before pgtest drops the database, on failures too
 	return a
 }
 

@@ -34,7 +34,7 @@ func (m *Manager) reaper() {
 			return
 		case <-t.C:
 		}
-		if m.opt.Leader != nil && !m.opt.Leader(m.ctx) {
+		if m.opt.Leader != nil && !m.leader() {
 			continue // another replica reaps and collects
 		}
 		m.Reap(m.ctx, time.Now())
@@ -52,6 +52,16 @@ func (m *Manager) reaper() {
 			}
 		}
 	}
+}
+
+// leader asks Options.Leader, with a context Close does not cancel: a
+// renewal of the leader's lease cut short could still land in the store
+// after the lease was given up at shutdown, holding it for nobody until
+// it ran out.
+func (m *Manager) leader() bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), 10*time.Second)
+	defer cancel()
+	return m.opt.Leader(ctx)
 }
 
 // reapWorkers is how many sessions a pass works on at once: a pause takes
