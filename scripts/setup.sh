@@ -25,10 +25,19 @@ pkgs+=(python3 python3-pip python3-setuptools python3-wheel)
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
 	pkgs+=(nodejs npm)
 fi
+# What only the tests need (the PostgreSQL server, MinIO below) is installed
+# when a test target is asked for (ci, test, test-integration): serving
+# needs neither.
+testing=false
+for t in "$@"; do
+	case "$t" in ci | test | test-integration) testing=true ;; esac
+done
 # The PostgreSQL server, for the tests of the PostgreSQL metadata store:
 # they run initdb and postgres themselves, in a temporary directory
 # (internal/testenv/pgtest), and never use a system cluster.
-pkgs+=(postgresql)
+if $testing; then
+	pkgs+=(postgresql)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -151,7 +160,7 @@ fi
 # this one's go.mod asks for go 1.24.
 minio_version=v0.0.0-20260212201848-7aac2a2c5b7c
 minio_dir=/usr/local/lib/sbx-test
-if [ "$(go version -m "$minio_dir/minio" 2>/dev/null | awk '$1 == "mod" && $2 == "github.com/minio/minio" { print $3 }')" != "$minio_version" ]; then
+if $testing && [ "$(go version -m "$minio_dir/minio" 2>/dev/null | awk '$1 == "mod" && $2 == "github.com/minio/minio" { print $3 }')" != "$minio_version" ]; then
 	echo "setup: go install github.com/minio/minio@$minio_version (for the S3 tests)"
 	mkdir -p "$minio_dir"
 	if ! out=$(GOFLAGS= CGO_ENABLED=0 GOBIN="$minio_dir" go install -trimpath "github.com/minio/minio@$minio_version" 2>&1); then
