@@ -7,52 +7,15 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
-
-// heapPeak runs f and returns how far the Go heap in use rose above where
-// it was: the server runs in this process, so it is the server's memory.
-func heapPeak(f func()) uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	base := ms.HeapInuse
-	var (
-		peak uint64
-		done = make(chan struct{})
-		wg   sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(10 * time.Millisecond)
-		defer t.Stop()
-		for {
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			peak = max(peak, ms.HeapInuse)
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	f()
-	close(done)
-	wg.Wait()
-	return peak - min(peak, base)
-}
 
 // A workspace of a million entries, the most a snapshot takes, goes
 // through hibernation and restore over HTTP in server memory that does
@@ -106,7 +69,7 @@ func TestHibernateMillionFiles(t *testing.T) {
 	}
 
 	var took time.Duration
-	grew := heapPeak(func() {
+	grew := testenv.HeapGrowth(func() {
 		t0 := time.Now()
 		_, err = c.HibernateSession(ctx, sid)
 		took = time.Since(t0)
@@ -121,7 +84,7 @@ func TestHibernateMillionFiles(t *testing.T) {
 	if _, err := os.Stat(ws); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the workspace after hibernation: %v", err)
 	}
-	grew = heapPeak(func() {
+	grew = testenv.HeapGrowth(func() {
 		t0 := time.Now()
 		// A file call restores the workspace.
 		_, err = c.ListFiles(ctx, sid, client.ListFilesOptions{Path: "d998"})
@@ -162,24 +125,9 @@ func TestHibernateDeepTree(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws := filepath.Join(ts.dir, "workspaces", "default", sid)
-	fd, err := unix.Open(ws, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range depth {
-		if err := unix.Mkdirat(fd, "d", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		next, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		unix.Close(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fd = next
-	}
-	unix.Close(fd)
+	testenv.DeepTree(t, ws, depth)
 	var herr error
-	grew := heapPeak(func() { _, herr = c.HibernateSession(ctx, sid) })
+	grew := testenv.HeapGrowth(func() { _, herr = c.HibernateSession(ctx, sid) })
 	t.Logf("hibernating a %d-deep tree: heap grew %d KiB", depth, grew>>10)
 	var ae *client.APIError
 	if !errors.As(herr, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "deeper than 256") {

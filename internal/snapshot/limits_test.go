@@ -5,124 +5,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/quota"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
-
-// peakHeap runs f and returns how far the heap in use grew over what it
-// was before, sampled: a generous bound for tests, not a measurement.
-func peakHeap(f func()) uint64 {
-	runtime.GC()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	base := ms.HeapInuse
-	var (
-		peak uint64
-		mu   sync.Mutex
-		done = make(chan struct{})
-		wg   sync.WaitGroup
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		for {
-			var ms runtime.MemStats
-			runtime.ReadMemStats(&ms)
-			mu.Lock()
-			peak = max(peak, ms.HeapInuse)
-			mu.Unlock()
-			select {
-			case <-done:
-				return
-			case <-t.C:
-			}
-		}
-	}()
-	f()
-	close(done)
-	wg.Wait()
-	if peak < base {
-		return 0
-	}
-	return peak - base
-}
-
-// deepTree makes depth nested directories named "d" under root, with a
-// file at the bottom, working from open directories (the path is far
-// beyond PATH_MAX).
-func deepTree(t testing.TB, root string, depth int) {
-	t.Helper()
-	fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range depth {
-		if err := unix.Mkdirat(fd, "d", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		sub, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		unix.Close(fd)
-		if err != nil {
-			t.Fatal(err)
-		}
-		fd = sub
-	}
-	f, err := unix.Openat(fd, "bottom", unix.O_CREAT|unix.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unix.Close(f)
-	unix.Close(fd)
-}
-
-// removeDeep removes a tree deepTree made, which os.RemoveAll cannot (it
-// holds a descriptor per level, past the process's limit). Each round goes
-// down to the bottom keeping the last levels open and removes them from
-// the bottom up.
-func removeDeep(t testing.TB, root string) {
-	t.Helper()
-	const keep = 4096
-	for {
-		fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held := []int{}
-		whole := true
-		for {
-			sub, err := unix.Openat(fd, "d", unix.O_RDONLY|unix.O_DIRECTORY, 0)
-			if err != nil {
-				break
-			}
-			held = append(held, fd)
-			if len(held) > keep {
-				unix.Close(held[0])
-				held, whole = held[1:], false
-			}
-			fd = sub
-		}
-		unix.Unlinkat(fd, "bottom", 0)
-		unix.Close(fd)
-		for i := len(held) - 1; i >= 0; i-- {
-			if err := unix.Unlinkat(held[i], "d", unix.AT_REMOVEDIR); err != nil {
-				t.Fatal(err)
-			}
-			unix.Close(held[i])
-		}
-		if whole {
-			return
-		}
-	}
-}
 
 // A tree 40,000 directories deep is refused at once, with a clear error
 // and in little memory (the paths alone of a full walk would take 1.6 GB),
@@ -134,10 +24,14 @@ func TestDeepTree(t *testing.T) {
 	s, dir := newStore(t)
 	src := filepath.Join(dir, "src")
 	os.Mkdir(src, 0o755)
-	deepTree(t, src, 40_000)
-	defer removeDeep(t, src)
+	testenv.DeepTree(t, src, 40_000)
+	defer func() {
+		if err := quota.RemoveAll(src); err != nil {
+			t.Error(err)
+		}
+	}()
 	var err error
-	grew := peakHeap(func() { _, _, err = s.Save(ctx, src, "deep", nil) })
+	grew := testenv.HeapGrowth(func() { _, _, err = s.Save(ctx, src, "deep", nil) })
 	t.Logf("save of a 40,000-deep tree: heap grew %d KiB", grew>>10)
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "deeper than 256") {
 		t.Errorf("save: %v, want ErrResourceExhausted naming the depth limit", err)
@@ -151,7 +45,7 @@ func TestDeepTree(t *testing.T) {
 
 	ok := filepath.Join(dir, "ok")
 	os.Mkdir(ok, 0o755)
-	deepTree(t, ok, DefaultMaxDepth)
+	testenv.DeepTree(t, ok, DefaultMaxDepth)
 	if _, _, err := s.Save(ctx, ok, "ok", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +88,7 @@ func TestManyFiles(t *testing.T) {
 		m   *Manifest
 		err error
 	)
-	grew := peakHeap(func() { m, _, err = s.Save(ctx, src, "many", nil) })
+	grew := testenv.HeapGrowth(func() { m, _, err = s.Save(ctx, src, "many", nil) })
 	t.Logf("save of %d files: heap grew %d KiB", dirs*per, grew>>10)
 	if err != nil {
 		t.Fatal(err)
@@ -206,7 +100,7 @@ func TestManyFiles(t *testing.T) {
 		t.Errorf("save: the heap grew by %d MiB", grew>>20)
 	}
 	out := filepath.Join(dir, "out")
-	grew = peakHeap(func() { _, err = s.Restore(ctx, "many", out) })
+	grew = testenv.HeapGrowth(func() { _, err = s.Restore(ctx, "many", out) })
 	t.Logf("restore of %d files: heap grew %d KiB", dirs*per, grew>>10)
 	if err != nil {
 		t.Fatal(err)
