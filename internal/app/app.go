@@ -282,6 +282,16 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	// An SQLite file has one server. Other stores may be shared: then
+	// this process is one replica among others, which leave what it owns
+	// alone while it lives.
+	_, local := st.(*sqlite.Store)
+	var sessionReplica string
+	var isAlive func(ctx context.Context, owner string) (bool, error)
+	if !local {
+		sessionReplica = replica
+		isAlive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
+	}
 	var metrics *server.Metrics
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
@@ -290,6 +300,8 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
 		StoredPrefixes: func(tenant string) []string { return []string{server.PresignPrefix(key, tenant)} },
 		Instance:       instance,
+		Replica:        sessionReplica,
+		Alive:          isAlive,
 		Leader:         leader.held,
 		Limits: func(tenant string) session.Limits {
 			if l, ok := cfg.TenantLimits[tenant]; ok {
@@ -310,14 +322,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	metrics = server.NewMetrics(st, mgr)
-	execOpt := execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica}
-	if _, local := st.(*sqlite.Store); !local {
-		// Other servers may share the store: theirs are theirs while they
-		// live. An SQLite file has one server: what it finds unfinished
-		// at start is a previous process's, failed at once.
-		execOpt.Alive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
-	}
-	execs := execution.New(execOpt)
+	// What an SQLite server finds unfinished at start is a previous
+	// process's, failed at once (Alive nil).
+	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive})
 	if err := execs.Recover(ctx); err != nil {
 		execs.Close()
 		mgr.Close()

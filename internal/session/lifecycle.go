@@ -15,6 +15,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
@@ -29,10 +30,16 @@ func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error
 // withRecord runs op on the session's record under the session's lock and
 // returns the session as op leaves it.
 func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context, *store.Session) (*store.Session, error)) (*Session, error) {
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	rec, err := m.record(ctx, k)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if rec, err = op(ctx, rec); err != nil {
@@ -45,6 +52,19 @@ func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context
 // execution in flight refuses it (the reaper then tries again later). The
 // caller holds the session's lock.
 func (m *Manager) pause(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	return m.freeze(ctx, rec, false)
+}
+
+// freeze is pause; idle says the reaper asks, for an idle session, and
+// then activity written since rec was read (by an execution that did not
+// need the lock, here or in another replica) refuses it.
+//
+// The record says paused before the sandbox is frozen: an execution that
+// checks the record after this write goes for the lock and waits; one
+// whose activity was written before it makes an idle pause fail. A crash
+// between the two leaves a running sandbox marked paused, which the next
+// call thaws as if it were frozen.
+func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
 	if rec.Status == api.StatusPaused {
 		return rec, nil
 	}
@@ -57,14 +77,62 @@ func (m *Manager) pause(ctx context.Context, rec *store.Session) (*store.Session
 	if err := e.busy(rec, api.StatusPaused); err != nil {
 		return nil, err
 	}
-	if e.sb != nil {
-		if err := e.sb.rt.Pause(ctx, e.sb.id); err != nil {
+	if !idle {
+		if err := m.busyElsewhere(ctx, rec, api.StatusPaused); err != nil {
 			return nil, err
 		}
-		e.paused = true
 	}
+	was := rec.Status
+	var err error
+	if idle {
+		err = m.moveIdle(ctx, rec, api.StatusPaused)
+	} else {
+		rec, err = m.move(ctx, rec, api.StatusPaused, "")
+	}
+	if err != nil {
+		return nil, err
+	}
+	if e.sb != nil && !e.paused {
+		if err := e.sb.rt.Pause(ctx, e.sb.id); err != nil && !isState(err, runtime.StatePaused) {
+			if _, merr := m.move(context.WithoutCancel(ctx), rec, was, ""); merr != nil {
+				m.log.Error("recording a pause that failed", "session", rec.ID, "err", merr)
+			}
+			return nil, err
+		}
+	}
+	e.paused = e.sb != nil
 	m.opt.Events("pause")
-	return m.move(ctx, rec, api.StatusPaused, "")
+	return rec, nil
+}
+
+// moveIdle moves an idle session's record to status, unless anything was
+// written since it was read: then the session is not idle any more
+// (TransitionError, which the reaper takes as "look later").
+func (m *Manager) moveIdle(ctx context.Context, rec *store.Session, status string) error {
+	prev := rec.Status
+	rec.Status, rec.Error = status, ""
+	err := m.write(ctx, rec)
+	if errors.Is(err, errdefs.ErrConflict) {
+		rec.Status = prev
+		return &TransitionError{Session: rec.ID, From: prev, To: status, Why: "it was used meanwhile"}
+	}
+	return err
+}
+
+// isState says err is a runtime's refusal because the sandbox is in
+// state already.
+func isState(err error, state runtime.State) bool {
+	var se *runtime.StateError
+	return errors.As(err, &se) && se.State == state
+}
+
+// resume thaws sb; one that is running already is fine (a crash between
+// a pause's record and its freeze, or another replica thawed it).
+func resume(ctx context.Context, sb *sandbox) error {
+	if err := sb.rt.Resume(ctx, sb.id); err != nil && !isState(err, runtime.StateRunning) {
+		return err
+	}
+	return nil
 }
 
 // busy refuses a change that would pull the sandbox from under a start or
@@ -94,7 +162,10 @@ func (m *Manager) Resume(ctx context.Context, tenant, id string) (*Session, erro
 // wakeUp brings a paused or hibernated session back to running; with
 // start, it also starts a sandbox if there is none and none coming.
 func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, error) {
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	rec, err := m.record(ctx, k)
 	if err != nil {
@@ -102,6 +173,9 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	}
 	if rec.Status == api.StatusTerminated {
 		return nil, &TransitionError{Session: k.id, From: rec.Status, To: api.StatusRunning, Why: "create it again"}
+	}
+	if err := m.sync(ctx, rec); err != nil {
+		return nil, err
 	}
 	if rec.Status == api.StatusHibernated {
 		if rec, err = m.restoreHibernated(ctx, rec); err != nil {
@@ -113,7 +187,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	e := m.entry(k)
 	e.mu.Lock()
 	if e.sb != nil && e.paused {
-		if err := e.sb.rt.Resume(ctx, e.sb.id); err != nil {
+		if err := resume(ctx, e.sb); err != nil {
 			e.unlock()
 			return nil, err
 		}
@@ -173,6 +247,11 @@ func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*Session, e
 // rename) only after; a restore that finds the directory still there uses
 // it, since nothing could change it once the sandbox was gone.
 func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	return m.hibernateAs(ctx, rec, false)
+}
+
+// hibernateAs is hibernate; idle says the reaper asks, as for freeze.
+func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
 	if rec.Status == api.StatusHibernated {
 		return rec, nil
 	}
@@ -189,14 +268,45 @@ func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Ses
 		e.unlock()
 		return nil, err
 	}
+	if !idle {
+		if err := m.busyElsewhere(ctx, rec, api.StatusHibernated); err != nil {
+			e.unlock()
+			return nil, err
+		}
+	}
+	// The record changes first, as for freeze: a running session is
+	// marked paused, and an idle one used meanwhile is left alone.
+	was, to := rec.Status, rec.Status
+	if was == api.StatusRunning {
+		to = api.StatusPaused
+	}
+	var err error
+	if idle {
+		err = m.moveIdle(ctx, rec, to)
+	} else {
+		rec, err = m.move(ctx, rec, to, "")
+	}
+	if err != nil {
+		e.unlock()
+		return nil, err
+	}
+	undo := func() {
+		if was == to {
+			return
+		}
+		if _, err := m.move(context.WithoutCancel(ctx), rec, was, ""); err != nil {
+			m.log.Error("recording a hibernation that failed", "session", rec.ID, "err", err)
+		}
+	}
 	// The sandbox is frozen, not destroyed, for the copy: a workspace
 	// that cannot be saved (past the snapshot limits, say) leaves the
 	// session as it was, processes and all. File calls wait (saving).
 	sb, prev := e.sb, e.snap
 	frozen := false
 	if sb != nil && !e.paused {
-		if err := sb.rt.Pause(ctx, sb.id); err != nil {
+		if err := sb.rt.Pause(ctx, sb.id); err != nil && !isState(err, runtime.StatePaused) {
 			e.unlock()
+			undo()
 			return nil, err
 		}
 		e.paused, frozen = true, true
@@ -220,6 +330,7 @@ func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Ses
 		if frozen && mine {
 			m.thaw(context.WithoutCancel(ctx), e, sb)
 		}
+		undo()
 		return nil, fmt.Errorf("session %q: saving its workspace: %w", rec.ID, err)
 	}
 	if mine {
@@ -308,10 +419,16 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 		return nil, fmt.Errorf("snapshots need a blob store, and this server has none: %w", errdefs.ErrUnavailable)
 	}
 	k := key{tenant, id}
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	rec, err := m.live(ctx, k)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if max := m.limits(tenant).Snapshots; max > 0 {
@@ -367,7 +484,7 @@ func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox) {
 	if e.sb != sb || !e.paused {
 		return
 	}
-	if err := sb.rt.Resume(ctx, sb.id); err != nil {
+	if err := resume(ctx, sb); err != nil {
 		m.log.Error("thawing a sandbox after a snapshot", "session", e.id, "err", err)
 		return
 	}
@@ -445,7 +562,10 @@ func (m *Manager) loadSnapshot(ctx context.Context, k key, sid string) (*snapsho
 // collection of what no snapshot references.
 func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) error {
 	k := key{tenant, id}
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return err
+	}
 	defer unlock()
 	if _, err := m.live(ctx, k); err != nil {
 		return err
@@ -462,10 +582,16 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) er
 // The new workspace takes the old one's place in one atomic exchange.
 func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (*Session, error) {
 	k := key{tenant, id}
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	rec, err := m.live(ctx, k)
 	if err != nil {
+		return nil, err
+	}
+	if err := m.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {

@@ -66,8 +66,10 @@ func (m *Manager) restoreWorkspace(ctx context.Context, key string, diskMB int64
 }
 
 // removeAll removes dir, made of workspaces (the trash, the pools'
-// directory): each goes with one Quota.Remove.
-func (m *Manager) removeAll(ctx context.Context, dir string) error {
+// directory), each with one Quota.Remove: its entries but those named in
+// keep, then dir itself if nothing was kept. An entry gone meanwhile (another replica
+// sharing the data directory removed it) is no error.
+func (m *Manager) removeAll(ctx context.Context, dir string, keep map[string]bool) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -77,8 +79,15 @@ func (m *Manager) removeAll(ctx context.Context, dir string) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		errs = append(errs, m.opt.Quota.Remove(ctx, filepath.Join(dir, e.Name())))
+		if keep[e.Name()] {
+			continue
+		}
+		if err := m.opt.Quota.Remove(ctx, filepath.Join(dir, e.Name())); !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	errs = append(errs, quota.RemoveAll(dir))
+	if len(keep) == 0 {
+		errs = append(errs, quota.RemoveAll(dir))
+	}
 	return errors.Join(errs...)
 }

@@ -111,7 +111,7 @@ func (m *Manager) Reap(ctx context.Context, now time.Time) int {
 // flight, an error) is looked at again a little later.
 func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time) bool {
 	k := key{due.Tenant, due.ID}
-	unlock, ok := m.tryLock(k)
+	unlock, ok := m.tryLock(ctx, k)
 	if !ok {
 		return false
 	}
@@ -119,6 +119,10 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil || rec.Status == api.StatusTerminated || rec.DueAt.IsZero() || rec.DueAt.After(now) {
 		return false // gone, or rescheduled since the list was read
+	}
+	if err := m.sync(ctx, rec); err != nil {
+		m.log.Warn("reaper", "tenant", k.tenant, "session", k.id, "err", err)
+		return false
 	}
 	var action string
 	switch {
@@ -133,10 +137,10 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 			return m.postpone(ctx, rec, rec.ExpiresAt)
 		}
 		action = "hibernate"
-		_, err = m.hibernate(ctx, rec)
+		_, err = m.hibernateAs(ctx, rec, true)
 	default:
 		action = "pause"
-		_, err = m.pause(ctx, rec)
+		_, err = m.freeze(ctx, rec, true)
 	}
 	if err != nil {
 		if !errors.As(err, new(*TransitionError)) {

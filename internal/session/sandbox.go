@@ -76,7 +76,11 @@ func (l *Lease) Lost(ctx context.Context) bool {
 // forget clears the record's sandbox if it still names id.
 func (m *Manager) forget(k key, id string) {
 	ctx := context.Background()
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		m.log.Error("recording a lost sandbox", "session", k.id, "err", err)
+		return
+	}
 	defer unlock()
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil || rec.SandboxID != id {
@@ -108,8 +112,29 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 		if sb := e.sb; sb != nil && !e.paused {
 			e.active++
 			e.unlock()
-			m.touch(ctx, k)
-			return &Lease{Client: sb.client, SandboxID: sb.id, m: m, e: e, sb: sb}, nil
+			l := &Lease{Client: sb.client, SandboxID: sb.id, m: m, e: e, sb: sb}
+			if !m.shared() {
+				m.touch(ctx, k)
+				return l, nil
+			}
+			err := m.confirm(ctx, e, sb)
+			if err == nil {
+				return l, nil
+			}
+			l.once.Do(func() {
+				e.mu.Lock()
+				e.active--
+				e.unlock()
+			})
+			if !errors.Is(err, errStale) {
+				return nil, err
+			}
+			// Another replica paused, hibernated or replaced the sandbox:
+			// wake the session up under its lock, which syncs.
+			if _, err := m.wakeUp(ctx, k, true); err != nil {
+				return nil, err
+			}
+			continue
 		}
 		st := e.start
 		e.unlock()
@@ -169,34 +194,81 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		sb, err := m.startSandbox(ctx, s)
-		e.mu.Lock()
-		e.start = nil
-		if err == nil && (e.deleted || ctx.Err() != nil) {
-			err = fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
+		m.start(ctx, e, s, st)
+	}()
+	return true, nil
+}
+
+// start does the start kick asked for, under the session's lock (which
+// kick's caller still holds when it begins): it adopts a live sandbox the
+// record names, another replica's start, or starts one, and records the
+// outcome. Waiters on st learn it. A delete cancels ctx.
+func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) {
+	defer close(st.done)
+	var sb *sandbox
+	unlock, err := m.lock(ctx, e.key)
+	if err == nil {
+		defer unlock()
+		sb, err = m.startOrAdopt(ctx, e, s)
+	}
+	e.mu.Lock()
+	e.start = nil
+	if err == nil && (e.deleted || ctx.Err() != nil) {
+		err = fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
+	} else if err != nil && ctx.Err() != nil {
+		err = fmt.Errorf("session %q: deleted while its sandbox started: %v: %w", s.ID, err, errdefs.ErrNotFound)
+	}
+	if err == nil {
+		e.sb, e.paused = sb, false
+	}
+	e.unlock()
+	if err != nil {
+		if sb != nil {
+			m.destroy(context.Background(), sb)
 		}
-		if err == nil {
-			e.sb, e.paused = sb, false
-		}
-		e.unlock()
-		status, msg := api.StatusRunning, ""
-		if err != nil {
-			if sb != nil {
-				m.destroy(context.Background(), sb)
-			}
-			if !errors.Is(err, errdefs.ErrNotFound) {
-				m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
-				err = fmt.Errorf("session %q: no sandbox: %v: %w", s.ID, err, errdefs.ErrUnavailable)
-				status, msg = api.StatusError, err.Error()
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
+			err = fmt.Errorf("session %q: no sandbox: %v: %w", s.ID, err, errdefs.ErrUnavailable)
+			if unlock != nil {
+				m.recordStart(e.key, api.StatusError, err.Error(), nil)
 			}
 		}
 		st.err = err
-		if !errors.Is(err, errdefs.ErrNotFound) {
-			m.recordStart(e.key, status, msg, sb)
+		return
+	}
+	m.recordStart(e.key, api.StatusRunning, "", sb)
+}
+
+// startOrAdopt gives the session a sandbox: the live one its record
+// names (another replica started it meanwhile), or a new one. The caller
+// holds the session's lock.
+func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sandbox, error) {
+	rec, err := m.opt.Store.GetSession(ctx, s.Tenant, s.ID)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status == api.StatusTerminated {
+		return nil, fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
+	}
+	if rec.SandboxID != "" {
+		adopted, err := m.adopt(ctx, e, rec)
+		if err != nil {
+			return nil, err
 		}
-		close(st.done)
-	}()
-	return true, nil
+		if adopted {
+			e.mu.Lock()
+			sb, paused := e.sb, e.paused
+			e.sb, e.paused = nil, false // start puts it back, with the outcome
+			e.unlock()
+			if paused {
+				if err := resume(ctx, sb); err != nil {
+					return nil, err
+				}
+			}
+			return sb, nil
+		}
+	}
+	return m.startSandbox(ctx, s)
 }
 
 // fromPool gives the session a sandbox from its template's warm pool, if
@@ -247,11 +319,9 @@ func (m *Manager) sandboxes() int {
 }
 
 // recordStart writes the outcome of a sandbox start to the store, unless
-// the session was deleted meanwhile.
+// the session was deleted meanwhile. The caller holds the session's lock.
 func (m *Manager) recordStart(k key, status, msg string, sb *sandbox) {
 	ctx := context.Background()
-	unlock := m.lock(k)
-	defer unlock()
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil || rec.Status == api.StatusTerminated {
 		return
@@ -265,8 +335,7 @@ func (m *Manager) recordStart(k key, status, msg string, sb *sandbox) {
 }
 
 // startSandbox builds the template if need be and creates a sandbox for
-// the session. A sandbox its record names that this server does not hold
-// (one that stopped answering, say) is destroyed first.
+// the session. The caller holds the session's lock.
 func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error) {
 	spec, err := m.Template(s.TemplateID)
 	if err != nil {
@@ -275,11 +344,6 @@ func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error
 	rt, err := m.runtime(spec.Runtime)
 	if err != nil {
 		return nil, err
-	}
-	if s.SandboxID != "" {
-		if err := rt.Destroy(ctx, s.SandboxID); err != nil {
-			m.log.Warn("destroying a sandbox no longer held", "sandbox", s.SandboxID, "err", err)
-		}
 	}
 	tmpl, err := m.template(ctx, spec, s)
 	if err != nil {
@@ -324,7 +388,8 @@ func (m *Manager) startSlot(ctx context.Context) (release func(), err error) {
 }
 
 // template finds the session's pinned template build, or builds (or
-// finds) the current one and pins it.
+// finds) the current one and pins it. The caller holds the session's
+// lock.
 func (m *Manager) template(ctx context.Context, spec template.Spec, s *Session) (*template.Template, error) {
 	if h := s.Config.TemplateHash; h != "" {
 		if t, err := m.opt.Templates.Get(h); err == nil {
@@ -344,16 +409,9 @@ func (m *Manager) template(ctx context.Context, spec template.Spec, s *Session) 
 		}
 	}
 	if s.Config.TemplateHash != t.Hash {
-		m.pin(s, t.Hash)
+		m.pinLocked(key{s.Tenant, s.ID}, t.Hash)
 	}
 	return t, nil
-}
-
-func (m *Manager) pin(s *Session, hash string) {
-	k := key{s.Tenant, s.ID}
-	unlock := m.lock(k)
-	defer unlock()
-	m.pinLocked(k, hash)
 }
 
 func dialer(rt runtime.Runtime, id string) *executor.Client {
@@ -369,10 +427,11 @@ func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
 	m.opt.Events("destroy")
 }
 
-// clearLost clears a listed record's sandbox, gone from its runtime; a
-// paused session becomes running (the next call starts a sandbox). A
-// record written since the list was read (by another server sharing the
-// store) is read again, once, and cleared if it still names that sandbox.
+// clearLost clears a record's sandbox, gone from its runtime; a paused
+// session becomes running (the next call starts a sandbox). A record
+// written since it was read (activity, or a replica that did not hold
+// the lock: Start reads a list) is read again and cleared if it still
+// names that sandbox.
 func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
 	gone := rec.SandboxID
 	for try := 0; ; try++ {
@@ -380,8 +439,8 @@ func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
 		if rec.Status == api.StatusPaused {
 			rec.Status = api.StatusRunning
 		}
-		err := m.save(ctx, rec)
-		if !errors.Is(err, errdefs.ErrConflict) || try > 0 {
+		err := m.write(ctx, rec)
+		if !errors.Is(err, errdefs.ErrConflict) || try == 100 {
 			return err
 		}
 		rec, err = m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
@@ -428,7 +487,7 @@ func (m *Manager) Start(ctx context.Context) error {
 			return fmt.Errorf("warm pool: %w", err)
 		}
 	}
-	if err := m.removeAll(ctx, m.trash); err != nil {
+	if err := m.removeAll(ctx, m.trash, nil); err != nil {
 		m.log.Warn("emptying the workspace trash", "err", err)
 	}
 	type found struct {
@@ -501,12 +560,21 @@ func (m *Manager) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	peers := map[string]bool{} // sandboxes of live replicas, and their pool workspaces
 	for id, f := range live {
 		if f.info.Labels[LabelInstance] != m.opt.Instance {
 			// Made before instances: ours, or another server's that
 			// shares the runtime's state. Not ours to destroy.
 			m.log.Warn("a sandbox of no known instance is left alone; destroy it by hand if no server uses it", "sandbox", id, "session", f.info.Labels[LabelSession])
 			continue
+		}
+		if r := f.info.Labels[LabelReplica]; r != "" && m.opt.Alive != nil {
+			// A live replica's warm pool, or a start of its that is not
+			// recorded yet.
+			if alive, err := m.opt.Alive(ctx, r); err != nil || alive {
+				peers[id] = true
+				continue
+			}
 		}
 		m.log.Info("destroying orphaned sandbox", "sandbox", id, "session", f.info.Labels[LabelSession])
 		if err := f.rt.Destroy(ctx, id); err != nil {
@@ -516,12 +584,17 @@ func (m *Manager) Start(ctx context.Context) error {
 	if adopted+lost > 0 {
 		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
 	}
-	// What is left there belonged to pooled sandboxes no session took.
-	if err := m.removeAll(ctx, m.poolDir()); err != nil {
+	// What is left there belonged to pooled sandboxes no session took,
+	// but for the pools of live replicas.
+	if err := m.removeAll(ctx, m.poolDir(), peers); err != nil {
 		m.log.Warn("emptying the warm pools' workspaces", "err", err)
 	}
 	m.wg.Add(1)
 	go m.reaper()
+	if m.shared() {
+		m.wg.Add(1)
+		go m.keepActive()
+	}
 	if len(m.pools) > 0 {
 		m.wg.Add(1)
 		go m.filler()
@@ -529,10 +602,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// labels adds the instance's label to a sandbox's labels.
+// labels adds the instance's and replica's labels to a sandbox's labels.
 func (m *Manager) labels(l map[string]string) map[string]string {
 	if m.opt.Instance != "" {
 		l[LabelInstance] = m.opt.Instance
+	}
+	if m.opt.Replica != "" {
+		l[LabelReplica] = m.opt.Replica
 	}
 	return l
 }

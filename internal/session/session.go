@@ -50,6 +50,8 @@ const (
 	// directory can share a runtime's state (the default /run/sbx) without
 	// touching each other's sandboxes.
 	LabelInstance = "sbx.instance"
+	// LabelReplica is the replica that started a sandbox (Options.Replica).
+	LabelReplica = "sbx.replica"
 )
 
 // Options configure a Manager.
@@ -106,6 +108,15 @@ type Options struct {
 	// of other instances alone. "" labels nothing and claims every
 	// sandbox, as servers did before instances.
 	Instance string
+	// Replica names this process among the replicas that serve the same
+	// sessions over one store and data directory (replicas.go); "" for a
+	// process alone with its store (SQLite), whose sessions' locks are
+	// in memory only.
+	Replica string
+	// Alive says whether the replica of that name still runs (its
+	// liveness lease): Start leaves the sandboxes of live replicas that
+	// no record names yet (warm pools, starts in flight) alone.
+	Alive func(ctx context.Context, replica string) (bool, error)
 	// StoredPrefixes returns the prefixes in the snapshots' blob store
 	// under which a tenant keeps bytes besides its snapshots (its
 	// presigned copies), for the StoredMB limit.
@@ -314,21 +325,36 @@ func (m *Manager) keyLock(k key) (*keyLock, func()) {
 	}
 }
 
-// lock takes the session's lock and returns its release.
-func (m *Manager) lock(k key) func() {
+// lock takes the session's lock and returns its release. Between
+// replicas (Options.Replica) the lock is also a lease in the store,
+// taken after the in-process mutex, so that processes queue on the store
+// and threads of one process in memory.
+func (m *Manager) lock(ctx context.Context, k key) (func(), error) {
 	l, release := m.keyLock(k)
 	l.Lock()
-	return func() { l.Unlock(); release() }
+	held, err := m.lease(ctx, k, true)
+	if err != nil {
+		l.Unlock()
+		release()
+		return nil, err
+	}
+	return func() { held.release(); l.Unlock(); release() }, nil
 }
 
 // tryLock takes the session's lock if no one holds it.
-func (m *Manager) tryLock(k key) (func(), bool) {
+func (m *Manager) tryLock(ctx context.Context, k key) (func(), bool) {
 	l, release := m.keyLock(k)
 	if !l.TryLock() {
 		release()
 		return nil, false
 	}
-	return func() { l.Unlock(); release() }, true
+	held, err := m.lease(ctx, k, false)
+	if err != nil || held == nil {
+		l.Unlock()
+		release()
+		return nil, false
+	}
+	return func() { held.release(); l.Unlock(); release() }, true
 }
 
 func (m *Manager) entry(k key) *entry {
@@ -445,7 +471,10 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		req.SessionID = newID("ses")
 	}
 	k := key{tenant, req.SessionID}
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, false, err
+	}
 	defer unlock()
 
 	rec, err := m.opt.Store.GetSession(ctx, tenant, req.SessionID)
@@ -575,7 +604,9 @@ func (m *Manager) discard(dir string) error {
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
-		if err := m.opt.Quota.Remove(context.Background(), junk); err != nil {
+		// Gone meanwhile: a replica sharing the data directory emptied
+		// the trash as it started.
+		if err := m.opt.Quota.Remove(context.Background(), junk); err != nil && !errors.Is(err, os.ErrNotExist) {
 			m.log.Error("removing a discarded workspace", "dir", junk, "err", err)
 		}
 	}()
@@ -630,7 +661,11 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			// A write now would be lost with the hibernated directory:
 			// wait for the hibernation, then look again.
 			e.unlock()
-			m.lock(k)()
+			if unlock, err := m.lock(ctx, k); err != nil {
+				return nil, nil, err
+			} else {
+				unlock()
+			}
 			if s, err = m.Get(ctx, tenant, id); err != nil {
 				return nil, nil, err
 			}
@@ -639,6 +674,24 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 		e.files++
 		e.unlock()
 		f := &Files{e: e}
+		if m.shared() {
+			// Another replica may be hibernating the session: it marks
+			// the record paused first, and an idle hibernation gives way
+			// to activity written before that.
+			err := m.touchIf(ctx, k, func(rec *store.Session) bool {
+				return rec.Status != api.StatusPaused && rec.Status != api.StatusHibernated
+			})
+			if err != nil {
+				f.release()
+				if !errors.Is(err, errStale) {
+					return nil, nil, err
+				}
+				if s, err = m.Get(ctx, tenant, id); err != nil {
+					return nil, nil, err
+				}
+				continue
+			}
+		}
 		if s, err = m.Get(ctx, tenant, id); err != nil || s.Status == api.StatusHibernated || s.Status == api.StatusTerminated {
 			f.release()
 			if err != nil {
@@ -673,7 +726,19 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 	if !ValidID(id) {
 		return nil, fmt.Errorf("session %q: %w", id, errdefs.ErrNotFound)
 	}
-	unlock := m.lock(k)
+	if e := m.peek(k); e != nil {
+		// A start in flight holds the lock until its sandbox is up:
+		// this one is not wanted any more.
+		e.mu.Lock()
+		if e.start != nil {
+			e.start.cancel()
+		}
+		e.unlock()
+	}
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	rec, err := m.opt.Store.GetSession(ctx, tenant, id)
 	if err != nil {
@@ -744,7 +809,10 @@ func (m *Manager) Keepalive(ctx context.Context, tenant, id string, timeout int6
 		return nil, invalid("timeout %d: want 1..%d seconds (0 for the session's TTL)", timeout, int64(MaxTTL/time.Second))
 	}
 	k := key{tenant, id}
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		return nil, err
+	}
 	defer unlock()
 	s, err := m.Get(ctx, tenant, id)
 	if err != nil {
@@ -779,7 +847,32 @@ func (m *Manager) move(ctx context.Context, rec *store.Session, status, msg stri
 }
 
 // save writes the record with its reaper schedule brought up to date.
+// The caller holds the session's lock, so the one write that can have
+// come between its read and this one is activity (touchIf), which has no
+// lock to take: that is carried over and the write tried again.
 func (m *Manager) save(ctx context.Context, rec *store.Session) error {
+	for try := 0; ; try++ {
+		err := m.write(ctx, rec)
+		if !errors.Is(err, errdefs.ErrConflict) || try == 100 {
+			return err
+		}
+		cur, rerr := m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
+		if rerr != nil {
+			return err
+		}
+		if cur.Status == api.StatusTerminated && rec.Status != api.StatusTerminated {
+			return err // deleted by a replica whose lock this one outlived
+		}
+		rec.Revision = cur.Revision
+		if cur.LastActivityAt.After(rec.LastActivityAt) {
+			rec.LastActivityAt = cur.LastActivityAt
+		}
+	}
+}
+
+// write writes the record, with its reaper schedule brought up to date,
+// if no one wrote it since it was read (store.ErrConflict if someone did).
+func (m *Manager) write(ctx context.Context, rec *store.Session) error {
 	var cfg Config
 	if err := json.Unmarshal(rec.Config, &cfg); err != nil {
 		return fmt.Errorf("session %q: stored config: %w", rec.ID, err)
@@ -802,14 +895,8 @@ func (m *Manager) touch(ctx context.Context, k key) {
 	if !stale {
 		return
 	}
-	unlock := m.lock(k)
-	defer unlock()
-	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
-	if err != nil || rec.Status == api.StatusTerminated {
-		return
-	}
-	rec.LastActivityAt = now.UTC()
-	if err := m.save(ctx, rec); err != nil {
+	err := m.touchIf(ctx, k, func(*store.Session) bool { return true })
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && ctx.Err() == nil {
 		m.log.Warn("recording activity", "session", k.id, "err", err)
 	}
 }

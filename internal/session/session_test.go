@@ -141,7 +141,10 @@ func attach(t testing.TB, m *Manager, rt *fakeRuntime, tenant, id string) {
 	e.mu.Lock()
 	e.sb = &sandbox{id: sbid, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, sbid) })}
 	e.unlock()
-	unlock := m.lock(k)
+	unlock, err := m.lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
 	defer unlock()
 	rec, err := m.opt.Store.GetSession(ctx, tenant, id)
 	if err != nil {
@@ -298,7 +301,10 @@ func TestReaperSkipsLockedSessions(t *testing.T) {
 	ctx := context.Background()
 	m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "held", IdleTimeout: 1})
 	attach(t, m, rt, "t", "held")
-	unlock := m.lock(key{"t", "held"})
+	unlock, err := m.lock(ctx, key{"t", "held"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan int)
 	go func() { done <- m.Reap(ctx, time.Now().Add(time.Minute)) }()
 	select {

@@ -1,0 +1,296 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// Replicas (Options.Replica) are processes that serve the same sessions
+// over one store and one data directory. What keeps them from stepping on
+// each other:
+//
+//   - A session's lock is also a lease in the store (lease), so that one
+//     replica at a time changes a session: starts, pauses, hibernates,
+//     restores or deletes it.
+//   - The record is the truth about a session's sandbox. What a replica
+//     remembers of it (its entry) is made to agree with the record under
+//     the lock (sync): a sandbox the record no longer names is let go,
+//     one it names that this replica does not hold is adopted.
+//   - An execution does not take the lock: it checks the record still
+//     names its sandbox, running, in the same compare-and-swap write that
+//     records its activity (confirm). Whoever pauses or hibernates a
+//     session writes its record first and freezes after, and the reaper
+//     does so only if no activity was written since it read the record;
+//     so of an execution and a pause that meet, one sees the other's write
+//     and backs off.
+//   - Executions and file calls in flight write activity every second
+//     (keepActive), which keeps the reaper of another replica away.
+
+// The lease of a session's lock lasts sessionLeaseTTL from its last
+// renewal; the holder renews it every sessionLeaseRenew while it holds it
+// (a hibernation can take minutes). A replica that dies holding it blocks
+// the session's changes until it runs out.
+const (
+	sessionLeaseTTL   = 30 * time.Second
+	sessionLeaseRenew = 10 * time.Second
+)
+
+// shared says other replicas may serve this process's sessions.
+func (m *Manager) shared() bool { return m.opt.Replica != "" }
+
+// leaseName is the name of a session's lease. Lease names are global;
+// the tenant's length keeps any tenant name from reaching another's.
+func leaseName(k key) string { return fmt.Sprintf("session/%d/%s/%s", len(k.tenant), k.tenant, k.id) }
+
+// heldLease is a session's lease while this process holds it. The zero
+// value, for a process alone with its store, holds nothing.
+type heldLease struct {
+	m     *Manager
+	name  string
+	mu    sync.Mutex
+	timer *time.Timer
+	done  bool
+}
+
+// lease takes the session's lease in the store: with wait, until it has
+// it or ctx ends; without, once (nil if another replica holds it).
+func (m *Manager) lease(ctx context.Context, k key, wait bool) (*heldLease, error) {
+	if !m.shared() {
+		return &heldLease{}, nil
+	}
+	name := leaseName(k)
+	delay := time.Millisecond
+	for {
+		_, held, err := m.opt.Store.TryLease(ctx, name, m.opt.Replica, sessionLeaseTTL)
+		if err != nil {
+			return nil, fmt.Errorf("session %q: taking its lock: %w", k.id, err)
+		}
+		if held {
+			h := &heldLease{m: m, name: name}
+			h.mu.Lock()
+			h.timer = time.AfterFunc(sessionLeaseRenew, h.renew)
+			h.mu.Unlock()
+			return h, nil
+		}
+		if !wait {
+			return nil, nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("session %q: waiting for another replica to finish changing it: %w", k.id, context.Cause(ctx))
+		case <-t.C:
+		}
+		delay = min(2*delay, 50*time.Millisecond)
+	}
+}
+
+func (h *heldLease) renew() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sessionLeaseRenew)
+	_, held, err := h.m.opt.Store.TryLease(ctx, h.name, h.m.opt.Replica, sessionLeaseTTL)
+	cancel()
+	if err != nil || !held {
+		// What this process writes from now on is fenced by the record's
+		// revision: a replica that took the lease meanwhile and wrote
+		// makes those writes fail.
+		h.m.log.Error("renewing a session's lock failed; another replica may take it", "lease", h.name, "held", held, "err", err)
+	}
+	h.timer.Reset(sessionLeaseRenew)
+}
+
+func (h *heldLease) release() {
+	if h.m == nil {
+		return
+	}
+	h.mu.Lock()
+	h.done = true
+	h.timer.Stop()
+	h.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.m.opt.Store.ReleaseLease(ctx, h.name, h.m.opt.Replica); err != nil {
+		h.m.log.Warn("releasing a session's lock; others wait until it runs out", "lease", h.name, "err", err)
+	}
+}
+
+// sync makes what this process holds of the session's sandbox agree with
+// the record, which another replica may have changed: a sandbox the
+// record no longer names is let go (whoever replaced it destroyed it),
+// and one it names that this process does not hold is adopted if the
+// runtime has it, or cleared from the record if not. A process alone
+// with its store has nothing to sync. The caller holds the session's
+// lock; rec is brought up to date in place.
+func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
+	if !m.shared() {
+		return nil
+	}
+	e := m.entry(key{rec.Tenant, rec.ID})
+	e.mu.Lock()
+	if e.start != nil {
+		e.unlock() // this process's start, waiting for the lock: it adopts
+		return nil
+	}
+	if sb := e.sb; sb != nil {
+		if sb.id == rec.SandboxID && rec.Status != api.StatusTerminated {
+			e.paused = rec.Status == api.StatusPaused
+			e.unlock()
+			return nil
+		}
+		sb.client.Close()
+		e.sb, e.paused = nil, false
+	}
+	e.unlock()
+	if rec.SandboxID == "" || rec.Status == api.StatusTerminated {
+		return nil
+	}
+	_, err := m.adopt(ctx, e, rec)
+	return err
+}
+
+// adopt takes the sandbox the record names as the session's, if the
+// runtime has it running or frozen (another replica started it, or a
+// previous process), and reports whether it did. One that is gone, or
+// stopped, is destroyed and cleared from the record, so that the next
+// start makes a new one over the same workspace. The caller holds the
+// session's lock and has no sandbox on the entry.
+func (m *Manager) adopt(ctx context.Context, e *entry, rec *store.Session) (bool, error) {
+	spec, err := m.Template(rec.TemplateID)
+	if err != nil {
+		return false, err
+	}
+	rt, err := m.runtime(spec.Runtime)
+	if err != nil {
+		return false, err
+	}
+	info, err := rt.Inspect(ctx, rec.SandboxID)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return false, err
+	}
+	if err == nil && (info.State == runtime.StateRunning || info.State == runtime.StatePaused) {
+		e.mu.Lock()
+		e.sb = &sandbox{id: rec.SandboxID, rt: rt, client: dialer(rt, rec.SandboxID)}
+		e.paused = info.State == runtime.StatePaused
+		e.setRes(info.Resources.MemoryMB, info.Resources.CPU)
+		e.unlock()
+		return true, nil
+	}
+	m.log.Warn("a session's sandbox is gone; a new one starts over the same workspace", "tenant", rec.Tenant, "session", rec.ID, "sandbox", rec.SandboxID)
+	m.opt.Events("lost")
+	if err == nil {
+		if err := rt.Destroy(ctx, rec.SandboxID); err != nil {
+			m.log.Warn("destroying a stopped sandbox", "sandbox", rec.SandboxID, "err", err)
+		}
+	}
+	return false, m.clearLost(ctx, rec)
+}
+
+// errStale says the record no longer names the sandbox this process
+// remembers for the session, running: another replica changed it.
+var errStale = errors.New("the session's sandbox changed in another replica")
+
+// touchIf records activity on the session, now, if ok says the record
+// allows it, in one compare-and-swap write (read again and retried when
+// another write came first). It does not take the session's lock: a
+// locked change that meets it carries the activity over (save). It
+// returns errStale if ok refused, ErrNotFound for a terminated session.
+func (m *Manager) touchIf(ctx context.Context, k key, ok func(*store.Session) bool) error {
+	for try := 0; ; try++ {
+		rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
+		if err != nil {
+			return err
+		}
+		if rec.Status == api.StatusTerminated {
+			return fmt.Errorf("session %q is terminated: %w", k.id, errdefs.ErrNotFound)
+		}
+		if !ok(rec) {
+			return errStale
+		}
+		rec.LastActivityAt = time.Now().UTC()
+		err = m.write(ctx, rec)
+		if !errors.Is(err, errdefs.ErrConflict) || try == 100 {
+			return err
+		}
+	}
+}
+
+// confirm checks, for an execution about to use sb, that the record still
+// names it running, and records the activity in the same write.
+func (m *Manager) confirm(ctx context.Context, e *entry, sb *sandbox) error {
+	err := m.touchIf(ctx, e.key, func(rec *store.Session) bool {
+		return rec.SandboxID == sb.id && rec.Status == api.StatusRunning
+	})
+	if err == nil {
+		e.mu.Lock()
+		e.touched = time.Now()
+		e.unlock()
+	}
+	return err
+}
+
+// keepActive writes activity, every second, for the sessions this
+// process runs executions or file calls on, so that the reaper of
+// another replica, which knows nothing of them, finds them busy.
+func (m *Manager) keepActive() {
+	defer m.wg.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Not e.mu under m.mu: a lifecycle call holds e.mu across runtime
+		// calls, and m.mu is every call's.
+		m.mu.Lock()
+		entries := make([]*entry, 0, len(m.entries))
+		for _, e := range m.entries {
+			entries = append(entries, e)
+		}
+		m.mu.Unlock()
+		for _, e := range entries {
+			e.mu.Lock()
+			busy := e.active > 0 || e.files > 0
+			e.unlock()
+			if busy {
+				m.touch(m.ctx, e.key)
+			}
+		}
+	}
+}
+
+// busyElsewhere refuses a change that would pull the sandbox from under
+// an execution another replica runs: its record in the store says so.
+func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to string) error {
+	if !m.shared() {
+		return nil
+	}
+	list, _, err := m.opt.Store.ListExecutions(ctx, rec.Tenant, rec.ID, 100, "")
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, x := range list {
+		if x.Status == api.ExecRunning || x.Status == api.ExecPending {
+			n++
+		}
+	}
+	if n > 0 {
+		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: fmt.Sprintf("%d executions are running; wait for them or cancel them", n)}
+	}
+	return nil
+}

@@ -1,0 +1,220 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/store"
+)
+
+// replicas returns two managers that serve the same sessions: one store,
+// one workspace directory, one runtime, as replicas on one host do.
+func replicas(t *testing.T, rt *fakeRuntime) (a, b *Manager) {
+	t.Helper()
+	a = newManager(t, rt, func(o *Options) { o.Replica = "a" })
+	b = newManager(t, rt, func(o *Options) {
+		o.Replica = "b"
+		o.Store, o.WorkspaceDir, o.Snapshots = a.opt.Store, a.opt.WorkspaceDir, a.opt.Snapshots
+	})
+	return a, b
+}
+
+func TestReplicaLockIsExclusive(t *testing.T) {
+	a, b := replicas(t, newFake())
+	ctx := context.Background()
+	k := key{"t", "s"}
+	unlock, err := a.lock(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.tryLock(ctx, k); ok {
+		t.Fatal("b took the lock a holds")
+	}
+	got := make(chan struct{})
+	go func() {
+		unlockB, err := b.lock(ctx, k)
+		if err != nil {
+			t.Error(err)
+		}
+		close(got)
+		unlockB()
+	}()
+	select {
+	case <-got:
+		t.Fatal("b took the lock a holds")
+	case <-time.After(100 * time.Millisecond):
+	}
+	unlock()
+	<-got
+	if holder, live, err := a.opt.Store.LeaseHolder(ctx, leaseName(k)); err != nil || live {
+		t.Fatalf("the lease is still held after both let go: %q %v %v", holder, live, err)
+	}
+	// A cancelled wait says why.
+	unlock, _ = a.lock(ctx, k)
+	defer unlock()
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if _, err := b.lock(cctx, k); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lock with a context that ends: %v", err)
+	}
+}
+
+// A session paused through one replica, whose sandbox another holds, is
+// thawed by that other's next execution: the record decides.
+func TestReplicaPauseElsewhere(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, a, rt, "t", "s")
+	l, err := a.Acquire(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+
+	// b never held the sandbox: it adopts it to freeze it.
+	s, err := b.Pause(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Status != api.StatusPaused || rt.count(runtime.StatePaused) != 1 {
+		t.Fatalf("after b's pause: status %s, %d frozen", s.Status, rt.count(runtime.StatePaused))
+	}
+	// a still thinks it running; its execution must not use it frozen.
+	l, err = a.Acquire(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	if rt.count(runtime.StateRunning) != 1 || l.SandboxID != "sbx-s" {
+		t.Fatalf("a's execution got %s with %d running", l.SandboxID, rt.count(runtime.StateRunning))
+	}
+	if s, _ := b.Get(ctx, "t", "s"); s.Status != api.StatusRunning {
+		t.Fatalf("status after a's execution: %s", s.Status)
+	}
+	// While a runs it, b's explicit pause is refused, as a's own would
+	// be: the store has the execution (here: a's entry has it; b knows it
+	// only from the store).
+	if err := a.opt.Store.CreateExecution(ctx, &store.Execution{Tenant: "t", ID: "x1", SessionID: "s", Status: api.ExecRunning, CreatedAt: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Pause(ctx, "t", "s"); !errors.As(err, new(*TransitionError)) {
+		t.Fatalf("pause with an execution running in another replica: %v", err)
+	}
+}
+
+// The reaper's pause of an idle session gives way to activity written
+// after it read the record: an execution elsewhere started in between.
+func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, a, rt, "t", "s")
+	unlock, ok := b.tryLock(ctx, key{"t", "s"})
+	if !ok {
+		t.Fatal("tryLock")
+	}
+	defer unlock()
+	rec, err := b.opt.Store.GetSession(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.sync(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	// a's execution confirms its sandbox without the lock.
+	if err := a.confirm(ctx, a.entry(key{"t", "s"}), a.entry(key{"t", "s"}).sb); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.freeze(ctx, rec, true); !errors.As(err, new(*TransitionError)) {
+		t.Fatalf("idle pause after activity: %v", err)
+	}
+	if rt.count(runtime.StatePaused) != 0 {
+		t.Fatal("the sandbox was frozen under a's execution")
+	}
+	if s, _ := a.Get(ctx, "t", "s"); s.Status != api.StatusRunning {
+		t.Fatalf("status: %s", s.Status)
+	}
+}
+
+// A sandbox another replica hibernated away is let go, not used: the
+// record no longer names it.
+func TestReplicaHibernateElsewhere(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, a, rt, "t", "s")
+	if _, err := b.Hibernate(ctx, "t", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.count(runtime.StateRunning) + rt.count(runtime.StatePaused); n != 0 {
+		t.Fatalf("%d sandboxes left after hibernation", n)
+	}
+	e := a.entry(key{"t", "s"})
+	if err := a.confirm(ctx, e, e.sb); !errors.Is(err, errStale) {
+		t.Fatalf("confirm of a hibernated-away sandbox: %v", err)
+	}
+	// Under the lock a syncs: it lets the sandbox go and restores.
+	s, err := a.wakeUp(ctx, key{"t", "s"}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Status != api.StatusRunning || s.SandboxState != api.SandboxNone {
+		t.Fatalf("after a's wake-up: %s, sandbox %s", s.Status, s.SandboxState)
+	}
+	// Deleted through b, the session is gone for a too.
+	if _, err := b.Delete(ctx, "t", "s"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.touchIf(ctx, key{"t", "s"}, func(*store.Session) bool { return true }); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Fatalf("activity on a deleted session: %v", err)
+	}
+}
+
+// A sandbox the record names that a replica does not hold is adopted
+// when it is live, and cleared from the record when it is gone.
+func TestReplicaAdoptOrClear(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	for _, id := range []string{"live", "gone"} {
+		if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+			t.Fatal(err)
+		}
+		attach(t, a, rt, "t", id)
+	}
+	rt.Destroy(ctx, "sbx-gone")
+	for id, want := range map[string]string{"live": api.SandboxRunning, "gone": api.SandboxNone} {
+		unlock, err := b.lock(ctx, key{"t", id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, _ := b.opt.Store.GetSession(ctx, "t", id)
+		err = b.sync(ctx, rec)
+		unlock()
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, _ := b.Get(ctx, "t", id)
+		if s.SandboxState != want {
+			t.Errorf("%s: b's sandbox state %s, want %s", id, s.SandboxState, want)
+		}
+		if id == "gone" && s.SandboxID != "" {
+			t.Errorf("the record still names a gone sandbox: %q", s.SandboxID)
+		}
+	}
+}
