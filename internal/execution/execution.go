@@ -147,6 +147,8 @@ type Run struct {
 	changed chan struct{} // closed and replaced at every change
 	lease   *session.Lease
 	result  *api.Execution
+	// recorded is closed once the record says running (replicas only).
+	recorded chan struct{}
 }
 
 // Event is a piece of an execution's output.
@@ -309,6 +311,19 @@ func (s *Service) run(ctx context.Context, r *Run) {
 		r.mu.Lock()
 		r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
 		r.notifyLocked()
+		if s.opt.Alive != nil && r.recorded == nil {
+			// Other replicas read the record: it says running too. Written
+			// beside the run, not before it; the result waits for it.
+			rec := r.rec
+			rec.Status, rec.StartedAt = api.ExecRunning, r.started
+			r.recorded = make(chan struct{})
+			go func(done chan struct{}) {
+				defer close(done)
+				if err := s.opt.Store.UpdateExecution(context.Background(), &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+					s.log.Warn("recording a running execution", "execution", rec.ID, "err", err)
+				}
+			}(r.recorded)
+		}
 		r.mu.Unlock()
 		// The executor enforces the timeout; this bound only keeps a hung
 		// sandbox from holding the execution for ever.
@@ -362,6 +377,12 @@ func (e *execError) Error() string { return e.Message }
 
 // finish records the end of r and lets it go.
 func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
+	r.mu.Lock()
+	recorded := r.recorded
+	r.mu.Unlock()
+	if recorded != nil {
+		<-recorded // the running record must not land after the result
+	}
 	r.mu.Lock()
 	x := summary(&r.rec)
 	if !r.started.IsZero() {
@@ -541,7 +562,8 @@ func fromRecord(rec *store.Execution, output bool) (*api.Execution, error) {
 }
 
 // Wait returns the execution's result once it is over, or its state when
-// ctx ends first.
+// ctx ends first. An execution another replica runs is watched in the
+// store, whose record it finishes.
 func (s *Service) Wait(ctx context.Context, tenant, id string) (*api.Execution, error) {
 	if r := s.Live(tenant, id); r != nil {
 		select {
@@ -550,7 +572,25 @@ func (s *Service) Wait(ctx context.Context, tenant, id string) (*api.Execution, 
 		}
 		return r.snapshot(true), nil
 	}
-	return s.Get(ctx, tenant, id, true)
+	poll := 20 * time.Millisecond
+	for {
+		x, err := s.Get(ctx, tenant, id, true)
+		if err != nil || !unfinished(x.Status) {
+			return x, err
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return x, nil
+		}
+		poll = min(2*poll, 500*time.Millisecond)
+	}
+}
+
+func unfinished(status string) bool {
+	return status == api.ExecPending || status == api.ExecRunning || status == api.ExecSubmitted
 }
 
 // Cancel stops an execution and returns its state after that. Cancelling

@@ -25,7 +25,19 @@ import (
 //
 // dir must be empty but for what a server leaves with nothing to keep
 // (.trash, .pool): a mount over workspaces would hide them.
+//
+// Replicas sharing a data directory may start at the same moment: an
+// flock on image.lock makes one of them make and mount the image, and the
+// others find it mounted.
 func MountImage(ctx context.Context, image, dir string, size int64) error {
+	lock, err := os.OpenFile(image+".lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	defer lock.Close() // drops the flock
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return pathErr("flock", image+".lock", err)
+	}
 	if mounted, err := mountedFrom(dir, image); err != nil || mounted {
 		return err
 	}
