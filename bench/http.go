@@ -225,18 +225,37 @@ func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
 }
 
 // benchRecords measures what a session record costs the control plane:
-// create latency over HTTP and the server's memory with that many
-// sessions. Sessions are lazy, so no sandbox is involved; the
-// runtime would refuse if one were.
+// create latency over HTTP, filling the store and with it full, and the
+// server's memory with that many sessions. Sessions are lazy, so
+// no sandbox is involved; the runtime would refuse if one were. -only
+// scale-records (scale.go) measures the same on PostgreSQL beside SQLite.
 func benchRecords(ctx context.Context, add func(row)) {
+	r := measureRecords(ctx, filepath.Join(*dataDir, "bench-records"))
+	add(row{name: fmt.Sprintf("(h) HTTP create session record (%d records, no sandbox)", *records), p50: r.fill.p(50), p99: r.fill.p(99), goal: "~1 ms (SPEC floor)"})
+	add(row{name: fmt.Sprintf("    process RSS growth holding %d sessions", *records), mem: max(r.rss-min(r.rss, r.rss0), 1), goal: "tens of MB",
+		vs: fmt.Sprintf("RSS %.0f MB before, %.0f MB after", float64(r.rss0)/(1<<20), float64(r.rss)/(1<<20))})
+	add(row{name: fmt.Sprintf("    create session record with %d already in the store", *records), p50: r.more.p(50), p99: r.more.p(99)})
+	add(row{name: "    list sessions filtered by user_id among them", p50: r.list.p(50), p99: r.list.p(99)})
+}
+
+// recordCosts is what measureRecords measured: the creates that filled
+// the store with -records sessions, the server's RSS before and after,
+// a tenth as many creates more with the store full, and a filtered list.
+type recordCosts struct {
+	fill, more, list samples
+	rss0, rss        uint64
+}
+
+// measureRecords fills a control plane's store, in dir and configured by
+// configure, with session records over HTTP.
+func measureRecords(ctx context.Context, dir string, configure ...func(*app.Config)) recordCosts {
 	noRuntime := func(string) (runtime.Runtime, error) {
 		return nil, fmt.Errorf("records only: %w", errdefs.ErrUnavailable)
 	}
-	cp := startControlPlane(filepath.Join(*dataDir, "bench-records"), noRuntime)
+	cp := startControlPlane(dir, noRuntime, configure...)
 	defer cp.stop()
-	rss0 := rssBytes()
 	i := 0
-	cr := measure(*records, func() {
+	create := func() {
 		i++
 		_, _, err := cp.c.CreateSession(ctx, api.CreateSessionRequest{
 			SessionID: fmt.Sprintf("rec-%06d", i), Metadata: map[string]string{"user_id": fmt.Sprintf("u%d", i%100), "agent_id": "a"},
@@ -245,17 +264,18 @@ func benchRecords(ctx context.Context, add func(row)) {
 		if err != nil && !errors.As(err, &ae) {
 			log.Fatal(err)
 		}
-	})
-	rss := rssBytes()
-	add(row{name: fmt.Sprintf("(h) HTTP create session record (%d records, no sandbox)", *records), p50: cr.p(50), p99: cr.p(99), goal: "~1 ms (SPEC floor)"})
-	add(row{name: fmt.Sprintf("    process RSS growth holding %d sessions", *records), mem: max(rss-min(rss, rss0), 1), goal: "tens of MB",
-		vs: fmt.Sprintf("RSS %.0f MB before, %.0f MB after", float64(rss0)/(1<<20), float64(rss)/(1<<20))})
-	gl := measure(100, func() {
+	}
+	var r recordCosts
+	r.rss0 = rssBytes()
+	r.fill = measure(*records, create)
+	r.rss = rssBytes()
+	r.more = measure(max(*records/10, 1), create)
+	r.list = measure(100, func() {
 		if _, err := cp.c.ListSessions(ctx, client.ListSessionsOptions{UserID: "u7", Limit: 100}); err != nil {
 			log.Fatal(err)
 		}
 	})
-	add(row{name: "    list sessions filtered by user_id among them", p50: gl.p(50), p99: gl.p(99)})
+	return r
 }
 
 // rssBytes is the process's resident memory after a full collection has

@@ -6,8 +6,12 @@
 // create, the execution round trip against the executor alone, uploads,
 // many sessions at once and the cost of session records; and the session
 // lifecycle (lifecycle.go): pause, resume, hibernate, restore, snapshots.
+// With -only scale (scale.go), the production backends against the
+// embedded ones in one run: PostgreSQL against SQLite, MinIO against
+// local files, on throwaway servers.
 //
 //	make bench            # or: go run ./bench -n 200
+//	go run ./bench -only scale
 //
 // Needs root and the built templates (it builds them on first use).
 package main
@@ -42,7 +46,7 @@ var (
 	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
 	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
 	skipHTTP  = flag.Bool("skip-http", false, "skip the control-plane (HTTP) measures")
-	only      = flag.String("only", "", "run only this measure that needs no sandbox: records, resources, mcp or manyfiles")
+	only      = flag.String("only", "", "run only this measure: records, resources, mcp or manyfiles (no sandbox); scale (PostgreSQL and MinIO against SQLite and local files: all of scale-http, scale-records, scale-blob, scale-reaper; scale.go)")
 	stateRoot = "/run/sbx-bench"
 )
 
@@ -64,19 +68,17 @@ func main() {
 			benchMCP(ctx, add)
 		case "manyfiles":
 			benchManyFiles(ctx, add)
+		case "scale", "scale-http", "scale-records", "scale-blob", "scale-reaper":
+			benchScale(ctx, *only, add)
 		default:
-			log.Fatalf("bench: -only %q: want records, resources, mcp or manyfiles", *only)
+			log.Fatalf("bench: -only %q: want records, resources, mcp, manyfiles, scale, scale-http, scale-records, scale-blob or scale-reaper", *only)
 		}
 		printTable(rows)
 		return
 	}
 	store := template.NewStore(filepath.Join(*dataDir, "templates"))
 	py := ensure(ctx, store, "python")
-	rt, err := oci.New(oci.Config{StateDir: stateRoot, ExecutorPath: *exePath, CgroupParent: "sbx-bench",
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		log.Fatal(err)
-	}
+	rt := newRuntime()
 	ws := filepath.Join(*dataDir, "bench")
 	os.RemoveAll(ws)
 	if err := os.MkdirAll(ws, 0o711); err != nil {
@@ -159,6 +161,17 @@ func main() {
 		d.destroy(ctx)
 	}
 	printTable(rows)
+}
+
+// newRuntime is the sandbox runtime every measure uses: runc, with its
+// state in stateRoot and its cgroups under sbx-bench.
+func newRuntime() *oci.Runtime {
+	rt, err := oci.New(oci.Config{StateDir: stateRoot, ExecutorPath: *exePath, CgroupParent: "sbx-bench",
+		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		log.Fatal(err)
+	}
+	return rt
 }
 
 type row struct {

@@ -7,7 +7,8 @@
 // tests; no sbx package imports it. scripts/setup.sh builds the binary
 // (from the Go module proxy, at a pinned version) to DefaultBinary;
 // SBX_MINIO names another. Without it tests skip, or fail under CI
-// (CI set), which must run them.
+// (CI set), which must run them. A program that is not a test (bench/)
+// uses Start and Stop.
 package miniotest
 
 import (
@@ -85,17 +86,46 @@ func New(t testing.TB) *Bucket {
 		t.Fatalf("minio: %v", startErr)
 	}
 	SetEnv(t, AccessKey, SecretKey)
-	name := bucketName(t.Name())
+	b, err := newBucket(bucketName(t.Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// newBucket makes a bucket on the running MinIO.
+func newBucket(name string) (*Bucket, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if _, err := srv.client.CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &name}); err != nil {
-		t.Fatalf("minio: creating bucket %s: %v", name, err)
+		return nil, fmt.Errorf("minio: creating bucket %s: %w", name, err)
 	}
 	return &Bucket{
 		Name:     name,
 		Endpoint: srv.endpoint,
 		URL:      fmt.Sprintf("s3://%s?endpoint=%s&region=%s", name, srv.endpoint, Region),
+	}, nil
+}
+
+// Start is New for a program that is not a test (a benchmark): it starts
+// this process's MinIO if it has not yet, sets the process's AWS
+// environment to MinIO's credentials for good (as SetEnv does for a
+// test), and makes a fresh bucket whose name starts with name. The
+// program must call Stop. Without a MinIO binary it fails, saying so.
+func Start(name string) (*Bucket, error) {
+	bin := Binary()
+	if _, err := os.Stat(bin); err != nil {
+		return nil, fmt.Errorf("needs a MinIO server binary at %s (scripts/setup.sh builds it; or set SBX_MINIO): %w", bin, err)
 	}
+	once.Do(func() { srv, startErr = start(bin) })
+	if startErr != nil {
+		return nil, fmt.Errorf("minio: %w", startErr)
+	}
+	if srv == nil {
+		return nil, errors.New("minio: stopped")
+	}
+	setEnv(func(k, v string) { os.Setenv(k, v) }, func(k string) { os.Unsetenv(k) }, AccessKey, SecretKey)
+	return newBucket(bucketName(name))
 }
 
 // SetEnv sets the standard AWS environment to the credentials given for
@@ -104,16 +134,22 @@ func New(t testing.TB) *Bucket {
 // a session token, an endpoint, the metadata service).
 func SetEnv(t testing.TB, accessKey, secretKey string) {
 	t.Helper()
-	t.Setenv("AWS_ACCESS_KEY_ID", accessKey)
-	t.Setenv("AWS_SECRET_ACCESS_KEY", secretKey)
-	t.Setenv("AWS_REGION", Region)
-	t.Setenv("AWS_EC2_METADATA_DISABLED", "true")
-	none := filepath.Join(os.TempDir(), "sbx-miniotest-no-such-file")
-	t.Setenv("AWS_CONFIG_FILE", none)
-	t.Setenv("AWS_SHARED_CREDENTIALS_FILE", none)
-	for _, k := range []string{"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"} {
+	setEnv(t.Setenv, func(k string) {
 		t.Setenv(k, "") // restored after t
 		os.Unsetenv(k)
+	}, accessKey, secretKey)
+}
+
+func setEnv(set func(k, v string), unset func(k string), accessKey, secretKey string) {
+	set("AWS_ACCESS_KEY_ID", accessKey)
+	set("AWS_SECRET_ACCESS_KEY", secretKey)
+	set("AWS_REGION", Region)
+	set("AWS_EC2_METADATA_DISABLED", "true")
+	none := filepath.Join(os.TempDir(), "sbx-miniotest-no-such-file")
+	set("AWS_CONFIG_FILE", none)
+	set("AWS_SHARED_CREDENTIALS_FILE", none)
+	for _, k := range []string{"AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_DEFAULT_REGION"} {
+		unset(k)
 	}
 }
 

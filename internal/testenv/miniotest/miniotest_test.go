@@ -53,3 +53,23 @@ func TestMissingBinary(t *testing.T) {
 		}
 	}
 }
+
+// Start, for a program that is not a test, gives a bucket of the same
+// server and sets the AWS environment; without the binary it says why.
+func TestStart(t *testing.T) {
+	SetEnv(t, "someone-else", "their-secret") // restored after the test
+	b, err := Start("TestStart")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.client.HeadBucket(context.Background(), &s3.HeadBucketInput{Bucket: &b.Name}); err != nil {
+		t.Errorf("the bucket %s: %v", b.Name, err)
+	}
+	if os.Getenv("AWS_ACCESS_KEY_ID") != AccessKey || os.Getenv("AWS_SECRET_ACCESS_KEY") != SecretKey {
+		t.Errorf("AWS_ACCESS_KEY_ID %q after Start", os.Getenv("AWS_ACCESS_KEY_ID"))
+	}
+	t.Setenv("SBX_MINIO", "/nonexistent/minio")
+	if _, err := Start("TestStart"); err == nil || !strings.Contains(err.Error(), "needs a MinIO server binary at /nonexistent/minio") {
+		t.Errorf("without the binary: %v", err)
+	}
+}

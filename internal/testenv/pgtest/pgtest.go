@@ -18,6 +18,9 @@
 // as nobody. Without the binaries tests skip, and fail under CI (the CI
 // environment variable set), which must have them: scripts/setup.sh
 // installs them.
+//
+// A program that is not a test (bench/) starts a cluster of its own with
+// Start and stops it itself.
 package pgtest
 
 import (
@@ -120,6 +123,45 @@ func URL(t testing.TB) string {
 	})
 	return c.url(name)
 }
+
+// Available says why this machine cannot run a cluster (its PostgreSQL
+// server binaries are missing), nil if it can.
+func Available() error {
+	_, _, err := findBinaries()
+	return err
+}
+
+// Cluster is a throwaway cluster for a program that is not a test (a
+// benchmark): Start makes it, NewDatabase gives databases on it, and the
+// program must Stop it. It is the cluster tests get, with the same
+// settings (speed over durability: fsync and synchronous_commit off), but
+// its own, not the test process's shared one. If the program dies without
+// stopping it, postgres dies with it (the parent-death signal), leaving
+// its temporary directory behind.
+type Cluster struct{ c *cluster }
+
+// Start makes and starts a cluster of its own; Available says beforehand
+// whether it can.
+func Start() (*Cluster, error) {
+	c, err := start()
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	return &Cluster{c}, nil
+}
+
+// NewDatabase makes a fresh, empty database on the cluster and returns its
+// URL. It lives as long as the cluster.
+func (c *Cluster) NewDatabase() (string, error) {
+	name := fmt.Sprintf("db_%d", c.c.dbs.Add(1))
+	if err := c.c.admin("CREATE DATABASE " + name); err != nil {
+		return "", fmt.Errorf("pgtest: %w", err)
+	}
+	return c.c.url(name), nil
+}
+
+// Stop shuts the cluster down and removes its directory.
+func (c *Cluster) Stop() error { return c.c.stop() }
 
 // cluster is a running postmaster and what it takes to reach it.
 type cluster struct {

@@ -73,3 +73,45 @@ func TestURL(t *testing.T) {
 		t.Errorf("the data directory %s belongs to root", dataDir)
 	}
 }
+
+// TestStart: a program that is not a test gets a cluster of its own, with
+// fresh databases, and Stop removes it.
+func TestStart(t *testing.T) {
+	pgtest.Require(t)
+	ctx := context.Background()
+	c, err := pgtest.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			c.Stop()
+		}
+	}()
+	a, err := c.NewDatabase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.NewDatabase()
+	if err != nil || a == b {
+		t.Fatalf("a second database: %s, %v; the first %s", b, err, a)
+	}
+	conn, err := pgx.Connect(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dataDir string
+	err = conn.QueryRow(ctx, `SELECT current_setting('data_directory')`).Scan(&dataDir)
+	conn.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped = true
+	if err := c.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Errorf("after Stop, the data directory %s: %v", dataDir, err)
+	}
+}
