@@ -27,7 +27,7 @@ func (m *Manager) reaper() {
 	defer m.wg.Done()
 	t := time.NewTicker(m.opt.ReapInterval)
 	defer t.Stop()
-	collected := time.Now()
+	collected, swept := time.Now(), time.Now()
 	for {
 		select {
 		case <-m.ctx.Done():
@@ -38,6 +38,10 @@ func (m *Manager) reaper() {
 			continue // another replica reaps and collects
 		}
 		m.Reap(m.ctx, time.Now())
+		if m.shared() && m.opt.Alive != nil && time.Since(swept) > sweepEvery {
+			swept = time.Now()
+			m.sweep(m.ctx)
+		}
 		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
 			collected = time.Now()
 			c, err := m.opt.Snapshots.Collect(m.ctx, collectGrace)

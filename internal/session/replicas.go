@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -39,8 +41,8 @@ import (
 // (a hibernation can take minutes). A replica that dies holding it blocks
 // the session's changes until it runs out.
 const (
-	sessionLeaseTTL   = 30 * time.Second
-	sessionLeaseRenew = 10 * time.Second
+	sessionLeaseTTL   = 10 * time.Second
+	sessionLeaseRenew = 3 * time.Second
 )
 
 // shared says other replicas may serve this process's sessions.
@@ -293,4 +295,71 @@ func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to stri
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: fmt.Sprintf("%d executions are running; wait for them or cancel them", n)}
 	}
 	return nil
+}
+
+// sweepEvery is how often the replica that runs the reaper looks for the
+// sandboxes of dead replicas that no record names.
+const sweepEvery = time.Minute
+
+// sweep destroys the sandboxes that replicas which died started and no
+// record names: starts they did not live to record, and their warm pools
+// with their workspaces. A replica that starts does this in Start; sweep
+// is for replicas that never come back. The candidates are found from
+// the labels, and only when there are some are the records read.
+func (m *Manager) sweep(ctx context.Context) {
+	rt, err := m.runtime("")
+	if err != nil {
+		return
+	}
+	infos, err := rt.List(ctx)
+	if err != nil {
+		m.log.Warn("sweeping dead replicas' sandboxes", "err", err)
+		return
+	}
+	dead := map[string]bool{}
+	var orphans []runtime.Info
+	for _, info := range infos {
+		r := info.Labels[LabelReplica]
+		if r == "" || r == m.opt.Replica || info.Labels[LabelInstance] != m.opt.Instance {
+			continue
+		}
+		gone, seen := dead[r]
+		if !seen {
+			alive, err := m.opt.Alive(ctx, r)
+			if err != nil {
+				return
+			}
+			gone, dead[r] = !alive, !alive
+		}
+		if gone {
+			orphans = append(orphans, info)
+		}
+	}
+	if len(orphans) == 0 {
+		return
+	}
+	recs, err := m.opt.Store.ListSandboxSessions(ctx)
+	if err != nil {
+		m.log.Warn("sweeping dead replicas' sandboxes", "err", err)
+		return
+	}
+	named := map[string]bool{}
+	for _, rec := range recs {
+		named[rec.SandboxID] = true
+	}
+	for _, info := range orphans {
+		if named[info.ID] {
+			continue // a session's: adopted at its next call
+		}
+		m.log.Info("destroying a sandbox a dead replica left", "sandbox", info.ID, "replica", info.Labels[LabelReplica], "session", info.Labels[LabelSession])
+		if err := rt.Destroy(ctx, info.ID); err != nil {
+			m.log.Warn("destroying a sandbox a dead replica left", "sandbox", info.ID, "err", err)
+			continue
+		}
+		if info.Labels[LabelPool] != "" {
+			if err := m.opt.Quota.Remove(ctx, filepath.Join(m.poolDir(), info.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				m.log.Warn("removing a dead replica's pooled workspace", "sandbox", info.ID, "err", err)
+			}
+		}
+	}
 }

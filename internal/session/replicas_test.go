@@ -218,3 +218,36 @@ func TestReplicaAdoptOrClear(t *testing.T) {
 		}
 	}
 }
+
+// The reaper's replica destroys what dead replicas started and no record
+// names, and nothing else.
+func TestReplicaSweep(t *testing.T) {
+	rt := newFake()
+	a := newManager(t, rt, func(o *Options) {
+		o.Replica, o.Instance = "a", "inst"
+		o.Alive = func(_ context.Context, r string) (bool, error) { return r != "dead", nil }
+	})
+	ctx := context.Background()
+	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, a, rt, "t", "s") // sbx-s, recorded
+	lab := func(replica string, kv ...string) map[string]string {
+		l := map[string]string{LabelInstance: "inst", LabelReplica: replica}
+		for i := 0; i < len(kv); i += 2 {
+			l[kv[i]] = kv[i+1]
+		}
+		return l
+	}
+	rt.labelled("sbx-s", lab("dead", LabelTenant, "t", LabelSession, "s"))
+	rt.labelled("unrecorded-start", lab("dead", LabelTenant, "t", LabelSession, "s"))
+	rt.labelled("dead-pool", lab("dead", LabelPool, "python"))
+	rt.labelled("live-pool", lab("b", LabelPool, "python"))
+	rt.labelled("other-instance", map[string]string{LabelInstance: "other", LabelReplica: "dead", LabelPool: "python"})
+	a.sweep(ctx)
+	for id, want := range map[string]bool{"sbx-s": true, "unrecorded-start": false, "dead-pool": false, "live-pool": true, "other-instance": true} {
+		if _, err := rt.Inspect(ctx, id); (err == nil) != want {
+			t.Errorf("%s: kept %v, want %v", id, err == nil, want)
+		}
+	}
+}

@@ -30,6 +30,7 @@ import (
 type fakeRuntime struct {
 	mu     sync.Mutex
 	state  map[string]runtime.State
+	labels map[string]map[string]string // of sandboxes added with labelled
 	pauses int
 }
 
@@ -89,7 +90,26 @@ func (f *fakeRuntime) Inspect(ctx context.Context, id string) (*runtime.Info, er
 func (f *fakeRuntime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
 	return &runtime.Stats{}, nil
 }
-func (f *fakeRuntime) List(ctx context.Context) ([]runtime.Info, error) { return nil, nil }
+func (f *fakeRuntime) List(ctx context.Context) ([]runtime.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []runtime.Info
+	for id, st := range f.state {
+		out = append(out, runtime.Info{ID: id, State: st, Labels: f.labels[id]})
+	}
+	return out, nil
+}
+
+// labelled adds a running sandbox with labels.
+func (f *fakeRuntime) labelled(id string, labels map[string]string) {
+	f.add(id)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.labels == nil {
+		f.labels = map[string]map[string]string{}
+	}
+	f.labels[id] = labels
+}
 
 func (f *fakeRuntime) count(st runtime.State) int {
 	f.mu.Lock()
