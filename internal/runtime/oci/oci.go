@@ -193,6 +193,12 @@ func (r *Runtime) prepareStateDir() error {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return fmt.Errorf("state dir: %w", err)
 		}
+		// Every sandbox's ids must traverse to its bundle's rootfs. A dir
+		// made before, by `runc --root STATE/runc` (0700) say, would
+		// make every start fail with EACCES.
+		if err := os.Chmod(d, 0o711); err != nil {
+			return fmt.Errorf("state dir: %w", err)
+		}
 	}
 	exe := r.cfg.ExecutorPath
 	if exe == "" {
