@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -124,6 +125,38 @@ func TestReplicas(t *testing.T) {
 	t.Run("ReaperFailover", cl.testReaperFailover)
 	t.Run("RestartWhileRunning", cl.testRestartWhileRunning)
 	t.Run("KillMidExecution", cl.testKillMidExecution)
+	t.Run("MixedTraffic", cl.testMixedTraffic)
+}
+
+// errorLog is the replicas' clients' transport: it keeps the 5xx answers
+// (with their bodies), which the client may retry and so hide.
+type errorLog struct {
+	http.Transport
+	cl  *cluster
+	idx int
+}
+
+func (l *errorLog) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := l.Transport.RoundTrip(req)
+	if err != nil || resp.StatusCode < 500 {
+		return resp, err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	l.cl.mu.Lock()
+	l.cl.errors = append(l.cl.errors, fmt.Sprintf("replica %d: %s %s: %d %s", l.idx, req.Method, req.URL.Path, resp.StatusCode, bytes.TrimSpace(body)))
+	l.cl.mu.Unlock()
+	return resp, nil
+}
+
+// takeErrors returns the 5xx answers kept since the last call.
+func (cl *cluster) takeErrors() []string {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	out := cl.errors
+	cl.errors = nil
+	return out
 }
 
 // cluster is the three replicas and what they share.
@@ -135,9 +168,10 @@ type cluster struct {
 	store                   *postgres.Store
 	blobs                   *s3.Store
 
-	mu   sync.Mutex
-	reps [3]*replica
-	all  []*replica // every process started, for the cleanup
+	mu     sync.Mutex
+	errors []string // 5xx answers (errorLog)
+	reps   [3]*replica
+	all    []*replica // every process started, for the cleanup
 }
 
 // replica is one sbx serve process.
@@ -209,7 +243,7 @@ func (cl *cluster) start(t *testing.T, i int) *replica {
 	// is held until the replica has exited.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	r := &replica{idx: i, gen: gen, addr: addr, cmd: cmd, log: logPath, exited: make(chan struct{}),
-		c: client.New("http://"+addr, client.WithHTTPClient(&http.Client{Transport: &http.Transport{}}))}
+		c: client.New("http://"+addr, client.WithHTTPClient(&http.Client{Transport: &errorLog{cl: cl, idx: i}}))}
 	started := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()

@@ -77,46 +77,65 @@ func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*s
 	if err := e.busy(rec, api.StatusPaused); err != nil {
 		return nil, err
 	}
-	if !idle {
-		if err := m.busyElsewhere(ctx, rec, api.StatusPaused); err != nil {
-			return nil, err
-		}
-	}
 	was := rec.Status
-	var err error
-	if idle {
-		err = m.moveIdle(ctx, rec, api.StatusPaused)
-	} else {
-		rec, err = m.move(ctx, rec, api.StatusPaused, "")
-	}
-	if err != nil {
+	if err := m.fence(ctx, rec, api.StatusPaused, api.StatusPaused, idle); err != nil {
 		return nil, err
 	}
-	if e.sb != nil && !e.paused {
-		if err := e.sb.rt.Pause(ctx, e.sb.id); err != nil && !isState(err, runtime.StatePaused) {
+	if e.sbState == sandboxRunning {
+		err := e.sb.rt.Pause(ctx, e.sb.id)
+		if err == nil || isState(err, runtime.StatePaused) {
+			err = e.moveSandbox(sandboxPaused, nil, nil)
+		}
+		if err != nil {
 			if _, merr := m.move(context.WithoutCancel(ctx), rec, was, ""); merr != nil {
 				m.log.Error("recording a pause that failed", "session", rec.ID, "err", merr)
 			}
 			return nil, err
 		}
 	}
-	e.paused = e.sb != nil
 	m.opt.Events("pause")
 	return rec, nil
 }
 
-// moveIdle moves an idle session's record to status, unless anything was
-// written since it was read: then the session is not idle any more
-// (TransitionError, which the reaper takes as "look later").
-func (m *Manager) moveIdle(ctx context.Context, rec *store.Session, status string) error {
-	prev := rec.Status
-	rec.Status, rec.Error = status, ""
-	err := m.write(ctx, rec)
-	if errors.Is(err, errdefs.ErrConflict) {
+// fence moves the record to status before a pause or hibernation (to,
+// for the messages) touches the sandbox, in a write that fails if
+// anything was written since rec was read: an execution that did not
+// need the lock (confirm), here or in another replica. For the reaper
+// (idle) that means the session is not idle any more (TransitionError,
+// "look later"). For a request, the record is read again and the
+// executions in the store looked at once more: one that came in between
+// refuses the change, as one running before did.
+func (m *Manager) fence(ctx context.Context, rec *store.Session, status, to string, idle bool) error {
+	for {
+		if !idle {
+			if err := m.busyElsewhere(ctx, rec, to); err != nil {
+				return err
+			}
+		}
+		prev := rec.Status
+		rec.Status, rec.Error = status, ""
+		err := m.write(ctx, rec)
+		if err == nil {
+			return nil
+		}
 		rec.Status = prev
-		return &TransitionError{Session: rec.ID, From: prev, To: status, Why: "it was used meanwhile"}
+		if !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+		if idle {
+			return &TransitionError{Session: rec.ID, From: prev, To: to, Why: "it was used meanwhile"}
+		}
+		cur, err := m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
+		if err != nil {
+			return err
+		}
+		if cur.Status != prev || cur.SandboxID != rec.SandboxID {
+			// Only activity is written without the lock this process
+			// holds; anything else means the lock was lost.
+			return fmt.Errorf("session %q changed under its lock: %w", rec.ID, errdefs.ErrConflict)
+		}
+		*rec = *cur
 	}
-	return err
 }
 
 // isState says err is a runtime's refusal because the sandbox is in
@@ -139,7 +158,7 @@ func resume(ctx context.Context, sb *sandbox) error {
 // an execution. The caller holds e.mu.
 func (e *entry) busy(rec *store.Session, to string) error {
 	switch {
-	case e.start != nil:
+	case e.sbState == sandboxStarting:
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "its sandbox is starting; try again in a moment"}
 	case e.active == 1:
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "an execution is running; wait for it or cancel it"}
@@ -186,12 +205,15 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	// between the freeze and its record leaves the two apart.
 	e := m.entry(k)
 	e.mu.Lock()
-	if e.sb != nil && e.paused {
-		if err := resume(ctx, e.sb); err != nil {
+	if e.sbState == sandboxPaused {
+		err := resume(ctx, e.sb)
+		if err == nil {
+			err = e.moveSandbox(sandboxRunning, nil, nil)
+		}
+		if err != nil {
 			e.unlock()
 			return nil, err
 		}
-		e.paused = false
 	}
 	e.unlock()
 	if rec.Status == api.StatusPaused {
@@ -268,25 +290,13 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 		e.unlock()
 		return nil, err
 	}
-	if !idle {
-		if err := m.busyElsewhere(ctx, rec, api.StatusHibernated); err != nil {
-			e.unlock()
-			return nil, err
-		}
-	}
 	// The record changes first, as for freeze: a running session is
-	// marked paused, and an idle one used meanwhile is left alone.
+	// marked paused, and one used meanwhile is left alone.
 	was, to := rec.Status, rec.Status
 	if was == api.StatusRunning {
 		to = api.StatusPaused
 	}
-	var err error
-	if idle {
-		err = m.moveIdle(ctx, rec, to)
-	} else {
-		rec, err = m.move(ctx, rec, to, "")
-	}
-	if err != nil {
+	if err := m.fence(ctx, rec, to, api.StatusHibernated, idle); err != nil {
 		e.unlock()
 		return nil, err
 	}
@@ -301,15 +311,19 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	// The sandbox is frozen, not destroyed, for the copy: a workspace
 	// that cannot be saved (past the snapshot limits, say) leaves the
 	// session as it was, processes and all. File calls wait (saving).
-	sb, prev := e.sb, e.snap
+	sb, prev := e.held(), e.snap
 	frozen := false
-	if sb != nil && !e.paused {
-		if err := sb.rt.Pause(ctx, sb.id); err != nil && !isState(err, runtime.StatePaused) {
+	if e.sbState == sandboxRunning {
+		err := sb.rt.Pause(ctx, sb.id)
+		if err == nil || isState(err, runtime.StatePaused) {
+			err = e.moveSandbox(sandboxPaused, nil, nil)
+		}
+		if err != nil {
 			e.unlock()
 			undo()
 			return nil, err
 		}
-		e.paused, frozen = true, true
+		frozen = true
 	}
 	e.saving = true
 	e.unlock()
@@ -334,7 +348,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 		return nil, fmt.Errorf("session %q: saving its workspace: %w", rec.ID, err)
 	}
 	if mine {
-		e.sb, e.paused = nil, false
+		e.drop()
 	}
 	e.unlock()
 	if sb != nil && mine {
@@ -454,10 +468,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	// paused and waits for the session's lock in wakeUp.
 	e := m.entry(k)
 	e.mu.Lock()
-	sb, prev := e.sb, e.snap
-	if sb != nil && !e.paused {
-		if err := sb.rt.Pause(ctx, sb.id); err == nil {
-			e.paused = true
+	sb, prev := e.held(), e.snap
+	if e.sbState == sandboxRunning {
+		if err := sb.rt.Pause(ctx, sb.id); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
 			defer m.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 	}
@@ -481,14 +494,16 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox) {
 	e.mu.Lock()
 	defer e.unlock()
-	if e.sb != sb || !e.paused {
+	if e.sb != sb || e.sbState != sandboxPaused {
 		return
 	}
-	if err := resume(ctx, sb); err != nil {
+	err := resume(ctx, sb)
+	if err == nil {
+		err = e.moveSandbox(sandboxRunning, nil, nil)
+	}
+	if err != nil {
 		m.log.Error("thawing a sandbox after a snapshot", "session", e.id, "err", err)
-		return
 	}
-	e.paused = false
 }
 
 // live reads a session's record; a terminated session is ErrNotFound.
@@ -603,8 +618,8 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 		e.unlock()
 		return nil, err
 	}
-	sb := e.sb
-	e.sb, e.paused, e.snap = nil, false, nil
+	sb := e.drop()
+	e.snap = nil
 	e.unlock()
 	if sb != nil {
 		m.destroy(ctx, sb)

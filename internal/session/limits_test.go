@@ -120,8 +120,8 @@ func TestSandboxQuotas(t *testing.T) {
 		t.Fatalf("third sandbox: %v", err)
 	}
 	t.Logf("refused: %v", err)
-	if st := m.entry(key{"t", "c"}); st.state() != api.SandboxNone {
-		t.Errorf("a refused start left state %s", st.state())
+	if st := m.entry(key{"t", "c"}); st.sbState != sandboxNone {
+		t.Errorf("a refused start left state %s", st.sbState)
 	}
 	// Another tenant is unaffected.
 	o := mk("o", "x", 4096, 4)

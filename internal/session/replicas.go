@@ -142,53 +142,64 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 	}
 	e := m.entry(key{rec.Tenant, rec.ID})
 	e.mu.Lock()
-	if e.start != nil {
+	if e.sbState == sandboxStarting {
 		e.unlock() // this process's start, waiting for the lock: it adopts
 		return nil
 	}
-	if sb := e.sb; sb != nil {
+	if sb := e.held(); sb != nil {
 		if sb.id == rec.SandboxID && rec.Status != api.StatusTerminated {
-			e.paused = rec.Status == api.StatusPaused
+			// Another replica may have frozen or thawed it: the record
+			// says which (a frozen one marked running is thawed by the
+			// next wake-up, which resumes it whatever it is).
+			want := sandboxRunning
+			if rec.Status == api.StatusPaused {
+				want = sandboxPaused
+			}
+			err := e.moveSandbox(want, nil, nil)
 			e.unlock()
-			return nil
+			return err
 		}
 		sb.client.Close()
-		e.sb, e.paused = nil, false
+		e.drop()
 	}
 	e.unlock()
 	if rec.SandboxID == "" || rec.Status == api.StatusTerminated {
 		return nil
 	}
-	_, err := m.adopt(ctx, e, rec)
-	return err
+	sb, frozen, err := m.adopt(ctx, rec)
+	if sb == nil || err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.unlock()
+	if frozen {
+		return e.moveSandbox(sandboxPaused, sb, nil)
+	}
+	return e.moveSandbox(sandboxRunning, sb, nil)
 }
 
-// adopt takes the sandbox the record names as the session's, if the
-// runtime has it running or frozen (another replica started it, or a
-// previous process), and reports whether it did. One that is gone, or
-// stopped, is destroyed and cleared from the record, so that the next
-// start makes a new one over the same workspace. The caller holds the
-// session's lock and has no sandbox on the entry.
-func (m *Manager) adopt(ctx context.Context, e *entry, rec *store.Session) (bool, error) {
+// adopt returns the sandbox the record names, and whether it is frozen,
+// if the runtime has it running or frozen (another replica started it,
+// or a previous process). One that is gone, or stopped, is destroyed and
+// cleared from the record (nil), so that the next start makes a new one
+// over the same workspace. The caller holds the session's lock.
+func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox, frozen bool, err error) {
 	spec, err := m.Template(rec.TemplateID)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	rt, err := m.runtime(spec.Runtime)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	info, err := rt.Inspect(ctx, rec.SandboxID)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return false, err
+		return nil, false, err
 	}
 	if err == nil && (info.State == runtime.StateRunning || info.State == runtime.StatePaused) {
-		e.mu.Lock()
-		e.sb = &sandbox{id: rec.SandboxID, rt: rt, client: dialer(rt, rec.SandboxID)}
-		e.paused = info.State == runtime.StatePaused
-		e.setRes(info.Resources.MemoryMB, info.Resources.CPU)
-		e.unlock()
-		return true, nil
+		sb := &sandbox{id: rec.SandboxID, rt: rt, client: dialer(rt, rec.SandboxID)}
+		m.entry(key{rec.Tenant, rec.ID}).setRes(info.Resources.MemoryMB, info.Resources.CPU)
+		return sb, info.State == runtime.StatePaused, nil
 	}
 	m.log.Warn("a session's sandbox is gone; a new one starts over the same workspace", "tenant", rec.Tenant, "session", rec.ID, "sandbox", rec.SandboxID)
 	m.opt.Events("lost")
@@ -197,7 +208,7 @@ func (m *Manager) adopt(ctx context.Context, e *entry, rec *store.Session) (bool
 			m.log.Warn("destroying a stopped sandbox", "sandbox", rec.SandboxID, "err", err)
 		}
 	}
-	return false, m.clearLost(ctx, rec)
+	return nil, false, m.clearLost(ctx, rec)
 }
 
 // errStale says the record no longer names the sandbox this process

@@ -48,7 +48,10 @@ func (l *Lease) Release() {
 // same workspace.
 func (l *Lease) Lost(ctx context.Context) bool {
 	info, err := l.sb.rt.Inspect(ctx, l.sb.id)
-	if err == nil && (info.State == runtime.StateRunning || info.State == runtime.StatePaused) {
+	if err == nil && info.State == runtime.StatePaused {
+		return false // frozen (a snapshot, another replica's pause): alive
+	}
+	if err == nil && info.State == runtime.StateRunning {
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		_, herr := l.sb.client.Health(hctx)
 		cancel()
@@ -61,9 +64,9 @@ func (l *Lease) Lost(ctx context.Context) bool {
 	l.m.log.Warn("sandbox lost; the next call starts a new one", "session", l.e.id, "sandbox", l.sb.id)
 	l.m.opt.Events("lost")
 	l.e.mu.Lock()
-	mine := l.e.sb == l.sb
+	mine := l.e.held() == l.sb
 	if mine {
-		l.e.sb, l.e.paused = nil, false
+		l.e.drop()
 	}
 	l.e.unlock()
 	if mine {
@@ -109,7 +112,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 			e.unlock()
 			return nil, fmt.Errorf("session %q was deleted: %w", id, errdefs.ErrNotFound)
 		}
-		if sb := e.sb; sb != nil && !e.paused {
+		if sb := e.held(); sb != nil && e.sbState == sandboxRunning {
 			e.active++
 			e.unlock()
 			l := &Lease{Client: sb.client, SandboxID: sb.id, m: m, e: e, sb: sb}
@@ -164,7 +167,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 // is ErrUnavailable. The caller holds the session's lock.
 func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 	e.mu.Lock()
-	busy := e.start != nil || e.sb != nil
+	busy := e.sbState != sandboxNone
 	e.unlock()
 	if busy {
 		return false, nil
@@ -189,7 +192,10 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 	defer e.unlock()
 	ctx, cancel := context.WithCancel(m.ctx)
 	st := &startOp{done: make(chan struct{}), cancel: cancel}
-	e.start = st
+	if err := e.moveSandbox(sandboxStarting, nil, st); err != nil {
+		cancel()
+		return false, err
+	}
 	m.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
@@ -212,14 +218,16 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 		sb, err = m.startOrAdopt(ctx, e, s)
 	}
 	e.mu.Lock()
-	e.start = nil
+	if e.start == st {
+		e.drop() // a delete may have let it go already
+	}
 	if err == nil && (e.deleted || ctx.Err() != nil) {
 		err = fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
 	} else if err != nil && ctx.Err() != nil {
 		err = fmt.Errorf("session %q: deleted while its sandbox started: %v: %w", s.ID, err, errdefs.ErrNotFound)
 	}
 	if err == nil {
-		e.sb, e.paused = sb, false
+		err = e.moveSandbox(sandboxRunning, sb, nil)
 	}
 	e.unlock()
 	if err != nil {
@@ -251,16 +259,12 @@ func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sand
 		return nil, fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
 	}
 	if rec.SandboxID != "" {
-		adopted, err := m.adopt(ctx, e, rec)
+		sb, frozen, err := m.adopt(ctx, rec)
 		if err != nil {
 			return nil, err
 		}
-		if adopted {
-			e.mu.Lock()
-			sb, paused := e.sb, e.paused
-			e.sb, e.paused = nil, false // start puts it back, with the outcome
-			e.unlock()
-			if paused {
+		if sb != nil {
+			if frozen {
 				if err := resume(ctx, sb); err != nil {
 					return nil, err
 				}
@@ -288,7 +292,11 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
 	e.mu.Lock()
 	e.claiming = false
 	if ok {
-		e.sb, e.paused = pd.sb, false
+		if err := e.moveSandbox(sandboxRunning, pd.sb, nil); err != nil {
+			m.log.Error("warm pool: claiming a sandbox", "session", e.id, "err", err)
+			ok = false
+			defer m.dropPooled(pd)
+		}
 	}
 	e.unlock()
 	if !ok {
@@ -545,11 +553,17 @@ func (m *Manager) Start(ctx context.Context) error {
 		if usable {
 			delete(live, rec.SandboxID)
 			e := m.entry(key{rec.Tenant, rec.ID})
+			state := sandboxRunning
+			if f.info.State == runtime.StatePaused {
+				state = sandboxPaused
+			}
 			e.mu.Lock()
-			e.sb = &sandbox{id: f.info.ID, rt: f.rt, client: dialer(f.rt, f.info.ID)}
-			e.paused = f.info.State == runtime.StatePaused
+			err := e.moveSandbox(state, &sandbox{id: f.info.ID, rt: f.rt, client: dialer(f.rt, f.info.ID)}, nil)
 			e.setRes(f.info.Resources.MemoryMB, f.info.Resources.CPU)
 			e.unlock()
+			if err != nil {
+				return err
+			}
 			adopted++
 			continue
 		}

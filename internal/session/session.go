@@ -170,13 +170,16 @@ type key struct{ tenant, id string }
 // entry is a session's in-memory state: its sandbox, if it has one.
 type entry struct {
 	key
-	mu      sync.Mutex
-	sb      *sandbox // the ready sandbox, or nil
-	start   *startOp // a start in flight, or nil
-	paused  bool     // sb is frozen
-	deleted bool     // the session is gone: drop whatever a start brings
-	active  int      // leases out: executions using sb
-	files   int      // file calls using the workspace
+	mu sync.Mutex
+	// sbState is the sandbox's state (sandboxstate.go); sb is the
+	// sandbox held (running, paused), start the start in flight
+	// (starting). They change together, by moveSandbox.
+	sbState sandboxState
+	sb      *sandbox
+	start   *startOp
+	deleted bool // the session is gone: drop whatever a start brings
+	active  int  // leases out: executions using sb
+	files   int  // file calls using the workspace
 	// claiming: a warm-pool claim is moving the workspace; file calls
 	// wait for it.
 	claiming bool
@@ -197,33 +200,12 @@ type entry struct {
 	pub atomic.Int32
 }
 
-// Codes of the published sandbox state, in the order of sandboxStates.
-var sandboxStates = []string{api.SandboxNone, api.SandboxStarting, api.SandboxRunning, api.SandboxPaused}
-
 // unlock publishes the sandbox state and releases mu. Every release of
 // mu goes through it, so the published state is never older than the
 // last change made under mu.
 func (e *entry) unlock() {
-	st := e.state()
-	for i, s := range sandboxStates {
-		if s == st {
-			e.pub.Store(int32(i))
-		}
-	}
+	e.pub.Store(int32(e.sbState))
 	e.mu.Unlock()
-}
-
-// state is the entry's sandbox state for the API. The caller holds e.mu.
-func (e *entry) state() string {
-	switch {
-	case e.start != nil:
-		return api.SandboxStarting
-	case e.sb != nil && e.paused:
-		return api.SandboxPaused
-	case e.sb != nil:
-		return api.SandboxRunning
-	}
-	return api.SandboxNone
 }
 
 type sandbox struct {
@@ -416,7 +398,7 @@ func (m *Manager) decode(rec *store.Session) (*Session, error) {
 	}
 	if e := m.peek(key{rec.Tenant, rec.ID}); e != nil {
 		e.mu.Lock()
-		s.SandboxState = e.state()
+		s.SandboxState = e.sbState.String()
 		e.unlock()
 	}
 	return s, nil
@@ -771,8 +753,8 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 	if e != nil {
 		e.mu.Lock()
 		e.deleted = true
-		sb, st := e.sb, e.start
-		e.sb = nil
+		st := e.start
+		sb := e.drop()
 		e.unlock()
 		if st != nil {
 			// The start sees deleted and destroys what it made. Waiting for
@@ -948,9 +930,9 @@ func (m *Manager) DropConversation(ctx context.Context, tenant, id, cid string) 
 		return
 	}
 	e.mu.Lock()
-	sb, paused := e.sb, e.paused
+	sb, running := e.held(), e.sbState == sandboxRunning
 	e.unlock()
-	if sb == nil || paused {
+	if !running {
 		return
 	}
 	if _, err := sb.client.DeleteConversation(ctx, cid); err != nil {

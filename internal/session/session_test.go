@@ -159,8 +159,11 @@ func attach(t testing.TB, m *Manager, rt *fakeRuntime, tenant, id string) {
 	rt.add(sbid)
 	e := m.entry(k)
 	e.mu.Lock()
-	e.sb = &sandbox{id: sbid, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, sbid) })}
+	err := e.moveSandbox(sandboxRunning, &sandbox{id: sbid, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, sbid) })}, nil)
 	e.unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
 	unlock, err := m.lock(ctx, k)
 	if err != nil {
 		t.Fatal(err)
