@@ -17,6 +17,10 @@ import (
 type reqInfo struct {
 	id     string
 	tenant string
+	// route is the pattern the mux matched. The mux sets it on the
+	// request it serves, which middleware may have copied (a paced body),
+	// so it comes back here rather than on the request observe holds.
+	route string
 }
 
 type reqInfoKey struct{}
@@ -87,7 +91,7 @@ func (s *Server) observe(h http.Handler) http.Handler {
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
-		route := r.Pattern
+		route := ri.route
 		if route == "" {
 			route = "unmatched"
 		}

@@ -140,6 +140,9 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		s.mux.ServeHTTP(w, r)
+		if ri, ok := r.Context().Value(reqInfoKey{}).(*reqInfo); ok {
+			ri.route = r.Pattern
+		}
 	}))))
 }
 
