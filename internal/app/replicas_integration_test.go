@@ -125,6 +125,7 @@ func TestReplicas(t *testing.T) {
 	t.Run("ReaperFailover", cl.testReaperFailover)
 	t.Run("RestartWhileRunning", cl.testRestartWhileRunning)
 	t.Run("KillMidExecution", cl.testKillMidExecution)
+	t.Run("CancelElsewhere", cl.testCancelElsewhere)
 	t.Run("MixedTraffic", cl.testMixedTraffic)
 }
 

@@ -230,3 +230,42 @@ func checkLog(log string, acked, maybe []int, upto int, inFlight bool) string {
 	}
 	return ""
 }
+
+// testCancelElsewhere: an execution cancelled through a replica that does
+// not run it is cancelled (the request goes through the store).
+func (cl *cluster) testCancelElsewhere(t *testing.T) {
+	cl.ensureAll(t)
+	ctx := context.Background()
+	sid := "cancel-" + token()
+	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid, TemplateID: "python"})
+	cl.exec(t, 0, sid, api.ExecuteRequest{Code: "print(1)"}) // a sandbox up
+	sub, err := cl.c(0).Submit(ctx, sid, api.ExecuteRequest{Code: "import time\nprint('started', flush=True)\ntime.sleep(120)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		x, err := cl.c(1).GetExecution(ctx, sub.ExecutionID)
+		if err == nil && x.Status == api.ExecRunning {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the execution never showed running through another replica: %s", describeExec(x, err))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	start := time.Now()
+	x, err := cl.c(2).CancelExecution(ctx, sub.ExecutionID)
+	if err != nil || x.Status != api.ExecCancelled {
+		t.Fatalf("cancel through replica 2: %s", describeExec(x, err))
+	}
+	t.Logf("cancelled through another replica in %v", time.Since(start).Round(time.Millisecond))
+	if x, err := cl.c(1).GetExecution(ctx, sub.ExecutionID); err != nil || x.Status != api.ExecCancelled {
+		t.Fatalf("after the cancel, replica 1 says %s", describeExec(x, err))
+	}
+	// The session goes on.
+	cl.exec(t, 2, sid, api.ExecuteRequest{Code: "print(2)"})
+	if _, err := cl.c(1).DeleteSession(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -78,7 +78,49 @@ func New(opt Options) *Service {
 	ctx, stop := context.WithCancelCause(context.Background())
 	s := &Service{opt: opt, log: opt.Log, ctx: ctx, stop: stop, live: map[string]*Run{}}
 	opt.Sessions.OnDelete(s.cancelSession)
+	if opt.Alive != nil {
+		s.wg.Add(1)
+		go s.watchCancels()
+	}
 	return s
+}
+
+// A cancellation asked of a replica that does not run the execution is a
+// lease in the store, cancel/ID, which the replica running it looks for
+// every cancelWatch for its runs older than that.
+const cancelWatch = time.Second
+
+func cancelLease(id string) string { return "cancel/" + id }
+
+// watchCancels cancels this replica's runs that another replica was asked
+// to cancel.
+func (s *Service) watchCancels() {
+	defer s.wg.Done()
+	t := time.NewTicker(cancelWatch)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		runs := make([]*Run, 0, len(s.live))
+		for _, r := range s.live {
+			if time.Since(r.rec.CreatedAt) >= cancelWatch {
+				runs = append(runs, r)
+			}
+		}
+		s.mu.Unlock()
+		for _, r := range runs {
+			ctx, cancel := context.WithTimeout(s.ctx, cancelWatch)
+			holder, asked, err := s.opt.Store.LeaseHolder(ctx, cancelLease(r.rec.ID))
+			if err == nil && asked {
+				s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request (through replica " + holder + ")"})
+			}
+			cancel()
+		}
+	}
 }
 
 // Close cancels the executions in flight and waits for them to be
@@ -598,7 +640,18 @@ func unfinished(status string) bool {
 func (s *Service) Cancel(ctx context.Context, tenant, id string) (*api.Execution, error) {
 	r := s.Live(tenant, id)
 	if r == nil {
-		return s.Get(ctx, tenant, id, true)
+		x, err := s.Get(ctx, tenant, id, true)
+		if err != nil || !unfinished(x.Status) || s.opt.Alive == nil {
+			return x, err
+		}
+		// Another replica runs it: ask through the store, and wait for
+		// the end as below.
+		if _, _, err := s.opt.Store.TryLease(ctx, cancelLease(id), s.opt.Owner, time.Minute); err != nil {
+			return nil, err
+		}
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return s.Wait(wctx, tenant, id)
 	}
 	s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request"})
 	t := time.NewTimer(10 * time.Second)
