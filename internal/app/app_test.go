@@ -16,11 +16,12 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 	"github.com/sbx-sandbox/sbx/internal/testenv/miniotest"
 	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(miniotest.WithServer(m)) }
+func TestMain(m *testing.M) { pgtest.Main(miniotest.WithServer(testenv.WithCleanup(m))) }
 
 func noRuntime(string) (runtime.Runtime, error) {
 	return nil, fmt.Errorf("no runtime in these tests: %w", errdefs.ErrUnavailable)

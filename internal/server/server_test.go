@@ -27,9 +27,10 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/server"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(testenv.WithCleanup(m)) }
 
 // noRuntime is a machine without a sandbox runtime: everything but
 // execution must still work.
