@@ -207,12 +207,28 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	e.mu.Lock()
 	if e.sbState == sandboxPaused {
 		err := resume(ctx, e.sb)
-		if err == nil {
-			err = e.moveSandbox(sandboxRunning, nil, nil)
-		}
-		if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			// Gone: a replica that died between destroying it for a
+			// hibernation and recording that, or a kill from outside. The
+			// session goes on with a new sandbox, as for a lost one.
+			m.log.Warn("a paused session's sandbox is gone; a new one starts over the same workspace", "session", k.id, "sandbox", e.sb.id)
+			m.opt.Events("lost")
+			e.drop().client.Close()
 			e.unlock()
-			return nil, err
+			if rec.SandboxID != "" {
+				if err := m.clearLost(ctx, rec); err != nil {
+					return nil, err
+				}
+			}
+			e.mu.Lock()
+		} else {
+			if err == nil {
+				err = e.moveSandbox(sandboxRunning, nil, nil)
+			}
+			if err != nil {
+				e.unlock()
+				return nil, err
+			}
 		}
 	}
 	e.unlock()

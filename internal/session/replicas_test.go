@@ -251,3 +251,29 @@ func TestReplicaSweep(t *testing.T) {
 		}
 	}
 }
+
+// A paused session whose sandbox is gone (a replica died between
+// destroying it for a hibernation and recording that) wakes up without
+// it, rather than failing every call on a thaw of nothing.
+func TestWakeUpSandboxGone(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, a, rt, "t", "s")
+	if _, err := b.Pause(ctx, "t", "s"); err != nil {
+		t.Fatal(err)
+	}
+	rt.Destroy(ctx, "sbx-s")
+	for _, m := range []*Manager{b, a} { // b held it frozen; a held it running
+		s, err := m.wakeUp(ctx, key{"t", "s"}, false)
+		if err != nil {
+			t.Fatalf("%s: wake-up with the sandbox gone: %v", m.opt.Replica, err)
+		}
+		if s.Status != api.StatusRunning || s.SandboxID != "" || s.SandboxState != api.SandboxNone {
+			t.Fatalf("%s: after the wake-up: %s, sandbox %q (%s)", m.opt.Replica, s.Status, s.SandboxID, s.SandboxState)
+		}
+	}
+}

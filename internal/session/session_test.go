@@ -51,6 +51,9 @@ func (f *fakeRuntime) Dial(ctx context.Context, id string) (net.Conn, error) {
 func (f *fakeRuntime) set(id string, from, to runtime.State) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if _, ok := f.state[id]; !ok {
+		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound) // as the real runtimes say
+	}
 	if f.state[id] != from {
 		return fmt.Errorf("sandbox %s is %q, not %q: %w", id, f.state[id], from, errdefs.ErrFailedPrecondition)
 	}
