@@ -126,6 +126,7 @@ func TestReplicas(t *testing.T) {
 	t.Run("RestartWhileRunning", cl.testRestartWhileRunning)
 	t.Run("KillMidExecution", cl.testKillMidExecution)
 	t.Run("CancelElsewhere", cl.testCancelElsewhere)
+	t.Run("OutputElsewhere", cl.testOutputElsewhere)
 	t.Run("MixedTraffic", cl.testMixedTraffic)
 }
 

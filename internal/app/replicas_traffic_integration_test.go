@@ -269,3 +269,38 @@ func (cl *cluster) testCancelElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// testOutputElsewhere: the output so far of an execution shows through a
+// replica that does not run it, while it runs.
+func (cl *cluster) testOutputElsewhere(t *testing.T) {
+	cl.ensureAll(t)
+	ctx := context.Background()
+	sid := "output-" + token()
+	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid, TemplateID: "python"})
+	sub, err := cl.c(0).Submit(ctx, sid, api.ExecuteRequest{Code: "import time\nfor i in range(30):\n    print('tick', i, flush=True)\n    time.sleep(0.2)"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		x, err := cl.c(1).GetResult(ctx, sub.ExecutionID, false, 0)
+		if err == nil && x.Status == api.ExecRunning && strings.Contains(x.Stdout, "tick 1\n") {
+			t.Logf("through another replica while it runs: %q", x.Stdout)
+			break
+		}
+		if err == nil && x.Status != api.ExecRunning && x.Status != api.ExecPending {
+			t.Fatalf("the run ended before its output showed elsewhere: %s", describeExec(x, err))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no output so far through another replica: %s", describeExec(x, err))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	x, err := cl.c(2).GetResult(ctx, sub.ExecutionID, true, 30*time.Second)
+	if err != nil || x.Status != api.ExecCompleted || !strings.Contains(x.Stdout, "tick 29\n") {
+		t.Fatalf("the result through a third replica: %s", describeExec(x, err))
+	}
+	if _, err := cl.c(1).DeleteSession(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -87,13 +87,15 @@ func New(opt Options) *Service {
 
 // A cancellation asked of a replica that does not run the execution is a
 // lease in the store, cancel/ID, which the replica running it looks for
-// every cancelWatch for its runs older than that.
+// every cancelWatch for its runs older than that; their output so far
+// goes to their records as often (flush), up to flushMax bytes.
+const flushMax = 1 << 20
 const cancelWatch = time.Second
 
 func cancelLease(id string) string { return "cancel/" + id }
 
 // watchCancels cancels this replica's runs that another replica was asked
-// to cancel.
+// to cancel, and writes their output so far to their records.
 func (s *Service) watchCancels() {
 	defer s.wg.Done()
 	t := time.NewTicker(cancelWatch)
@@ -119,6 +121,7 @@ func (s *Service) watchCancels() {
 				s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request (through replica " + holder + ")"})
 			}
 			cancel()
+			s.flush(r, false)
 		}
 	}
 }
@@ -159,6 +162,10 @@ func (s *Service) Recover(ctx context.Context) error {
 			}
 		}
 		x := summary(rec)
+		var so api.Execution // the output so far its replica recorded
+		if len(rec.Result) > 0 && json.Unmarshal(rec.Result, &so) == nil {
+			x.Stdout, x.Stderr = so.Stdout, so.Stderr
+		}
 		now := time.Now().UTC()
 		x.Status, x.FinishedAt = api.ExecFailed, &now
 		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server running this execution stopped (a restart or a crash) while it was " + rec.Status + "; its outcome is unknown: submit it again"}
@@ -189,8 +196,14 @@ type Run struct {
 	changed chan struct{} // closed and replaced at every change
 	lease   *session.Lease
 	result  *api.Execution
-	// recorded is closed once the record says running (replicas only).
-	recorded chan struct{}
+	// With other replicas reading the store, the run's record says
+	// running, and then its output so far, while it runs (flush). These
+	// writes and the result's take flushMu; finished says the result is
+	// written, after which nothing else may be. flushed counts the
+	// events the record has.
+	flushMu  sync.Mutex
+	finished bool
+	flushed  int
 }
 
 // Event is a piece of an execution's output.
@@ -353,20 +366,16 @@ func (s *Service) run(ctx context.Context, r *Run) {
 		r.mu.Lock()
 		r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
 		r.notifyLocked()
-		if s.opt.Alive != nil && r.recorded == nil {
-			// Other replicas read the record: it says running too. Written
-			// beside the run, not before it; the result waits for it.
-			rec := r.rec
-			rec.Status, rec.StartedAt = api.ExecRunning, r.started
-			r.recorded = make(chan struct{})
-			go func(done chan struct{}) {
-				defer close(done)
-				if err := s.opt.Store.UpdateExecution(context.Background(), &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-					s.log.Warn("recording a running execution", "execution", rec.ID, "err", err)
-				}
-			}(r.recorded)
-		}
 		r.mu.Unlock()
+		if s.opt.Alive != nil && attempt == 0 {
+			// Other replicas read the record: it says running too,
+			// written beside the run, not before it.
+			s.wg.Add(1)
+			go func() {
+				defer s.wg.Done()
+				s.flush(r, true)
+			}()
+		}
 		// The executor enforces the timeout; this bound only keeps a hung
 		// sandbox from holding the execution for ever.
 		rctx, cancel := context.WithTimeout(ctx, time.Duration(r.req.TimeoutMs)*time.Millisecond+time.Minute)
@@ -419,12 +428,6 @@ func (e *execError) Error() string { return e.Message }
 
 // finish records the end of r and lets it go.
 func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
-	r.mu.Lock()
-	recorded := r.recorded
-	r.mu.Unlock()
-	if recorded != nil {
-		<-recorded // the running record must not land after the result
-	}
 	r.mu.Lock()
 	x := summary(&r.rec)
 	if !r.started.IsZero() {
@@ -479,9 +482,12 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 	}
 	rec.FinishedAt = *x.FinishedAt
 	rec.Result, _ = json.Marshal(x)
+	r.flushMu.Lock() // after any write of the run's progress
 	if err := s.opt.Store.UpdateExecution(context.Background(), &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		s.log.Error("recording execution result", "execution", rec.ID, "err", err)
 	}
+	r.finished = true
+	r.flushMu.Unlock()
 	s.opt.Finished(x.Status, time.Duration(x.DurationMs)*time.Millisecond)
 	r.mu.Lock()
 	r.status, r.result, r.rec = x.Status, x, rec
@@ -718,4 +724,40 @@ func newExecID() string {
 	b := make([]byte, 10)
 	rand.Read(b)
 	return "exec-" + hex.EncodeToString(b)
+}
+
+// flush writes r's progress to its record, for other replicas to read:
+// that it runs (first), and its output so far when there is new output,
+// up to flushMax bytes (the result has it all). Nothing is written once
+// the result is.
+func (s *Service) flush(r *Run, first bool) {
+	r.flushMu.Lock()
+	defer r.flushMu.Unlock()
+	r.mu.Lock()
+	n, started := len(r.events), !r.started.IsZero()
+	r.mu.Unlock()
+	if r.finished || !started || (!first && n == r.flushed) {
+		return
+	}
+	x := r.snapshot(true)
+	if len(x.Stdout)+len(x.Stderr) > flushMax {
+		return
+	}
+	r.mu.Lock()
+	rec := r.rec
+	r.mu.Unlock()
+	rec.Status = api.ExecRunning
+	if x.StartedAt != nil {
+		rec.StartedAt = *x.StartedAt
+	}
+	if n > 0 {
+		rec.Result, _ = json.Marshal(x)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.opt.Store.UpdateExecution(ctx, &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		s.log.Warn("recording a running execution's progress", "execution", rec.ID, "err", err)
+		return
+	}
+	r.flushed = n
 }
