@@ -9,8 +9,10 @@ import (
 	"os"
 	"path"
 	"strings"
+	"sync"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -221,4 +223,109 @@ func (f *Files) Resources() ([]workspace.Resource, error) { return f.ws.Resource
 // what it manages, through the resource endpoints only.
 func (f *Files) SyncResources(ctx context.Context, want []workspace.Resource, content func(sha256 string) (string, bool)) (workspace.ResourceSync, error) {
 	return f.ws.SyncResources(ctx, want, content)
+}
+
+// Files is a session's workspace open for a file call (files.go). Close
+// it: while it is open the workspace is not hibernated or replaced under
+// the call.
+type Files struct {
+	ws   *workspace.Workspace
+	sess *Session
+	m    *Manager
+	e    *entry
+	once sync.Once
+}
+
+// Close closes the workspace and ends the file call.
+func (f *Files) Close() error {
+	f.release()
+	return f.ws.Close()
+}
+
+// Workspace opens the session's workspace for a file call. A file call is
+// activity: it thaws a paused session and restores a hibernated one
+//
+func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *Files, error) {
+	s, err := m.Get(ctx, tenant, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	k := key{tenant, id}
+	for {
+		switch s.Status {
+		case api.StatusTerminated:
+			return nil, nil, fmt.Errorf("session %q is terminated: %w", id, errdefs.ErrNotFound)
+		case api.StatusPaused, api.StatusHibernated:
+			if _, err = m.wakeUp(ctx, k, false); err != nil {
+				return nil, nil, err
+			}
+		}
+		// Count the call before opening, then make sure no hibernation
+		// slipped in between the status read and the count.
+		e := m.entry(k)
+		e.mu.Lock()
+		for e.claiming { // a warm-pool claim is moving the workspace: a few ms
+			e.unlock()
+			time.Sleep(time.Millisecond)
+			e.mu.Lock()
+		}
+		if e.saving {
+			// A write now would be lost with the hibernated directory:
+			// wait for the hibernation, then look again.
+			e.unlock()
+			if unlock, err := m.lock(ctx, k); err != nil {
+				return nil, nil, err
+			} else {
+				unlock()
+			}
+			if s, err = m.Get(ctx, tenant, id); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		e.files++
+		e.unlock()
+		f := &Files{e: e}
+		if m.shared() {
+			// Another replica may be hibernating the session: it marks
+			// the record paused first, and an idle hibernation gives way
+			// to activity written before that.
+			err := m.touchIf(ctx, k, func(rec *store.Session) bool {
+				return rec.Status != api.StatusPaused && rec.Status != api.StatusHibernated
+			})
+			if err != nil {
+				f.release()
+				if !errors.Is(err, errStale) {
+					return nil, nil, err
+				}
+				if s, err = m.Get(ctx, tenant, id); err != nil {
+					return nil, nil, err
+				}
+				continue
+			}
+		}
+		if s, err = m.Get(ctx, tenant, id); err != nil || s.Status == api.StatusHibernated || s.Status == api.StatusTerminated {
+			f.release()
+			if err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
+		ws, err := workspace.Open(m.workspaceDir(k), m.opt.Owners)
+		if err != nil {
+			f.release()
+			return nil, nil, err
+		}
+		f.ws, f.sess, f.m = ws, s, m
+		m.touch(ctx, k)
+		return s, f, nil
+	}
+}
+
+func (f *Files) release() {
+	f.once.Do(func() {
+		f.e.mu.Lock()
+		f.e.files--
+		f.e.unlock()
+	})
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -36,98 +35,8 @@ import (
 //   - Executions and file calls in flight write activity every second
 //     (keepActive), which keeps the reaper of another replica away.
 
-// The lease of a session's lock lasts sessionLeaseTTL from its last
-// renewal; the holder renews it every sessionLeaseRenew while it holds it
-// (a hibernation can take minutes). A replica that dies holding it blocks
-// the session's changes until it runs out.
-const (
-	sessionLeaseTTL   = 10 * time.Second
-	sessionLeaseRenew = 3 * time.Second
-)
-
 // shared says other replicas may serve this process's sessions.
 func (m *Manager) shared() bool { return m.opt.Replica != "" }
-
-// leaseName is the name of a session's lease. Lease names are global;
-// the tenant's length keeps any tenant name from reaching another's.
-func leaseName(k key) string { return fmt.Sprintf("session/%d/%s/%s", len(k.tenant), k.tenant, k.id) }
-
-// heldLease is a session's lease while this process holds it. The zero
-// value, for a process alone with its store, holds nothing.
-type heldLease struct {
-	m     *Manager
-	name  string
-	mu    sync.Mutex
-	timer *time.Timer
-	done  bool
-}
-
-// lease takes the session's lease in the store: with wait, until it has
-// it or ctx ends; without, once (nil if another replica holds it).
-func (m *Manager) lease(ctx context.Context, k key, wait bool) (*heldLease, error) {
-	if !m.shared() {
-		return &heldLease{}, nil
-	}
-	name := leaseName(k)
-	delay := time.Millisecond
-	for {
-		_, held, err := m.opt.Store.TryLease(ctx, name, m.opt.Replica, sessionLeaseTTL)
-		if err != nil {
-			return nil, fmt.Errorf("session %q: taking its lock: %w", k.id, err)
-		}
-		if held {
-			h := &heldLease{m: m, name: name}
-			h.mu.Lock()
-			h.timer = time.AfterFunc(sessionLeaseRenew, h.renew)
-			h.mu.Unlock()
-			return h, nil
-		}
-		if !wait {
-			return nil, nil
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("session %q: waiting for another replica to finish changing it: %w", k.id, context.Cause(ctx))
-		case <-t.C:
-		}
-		delay = min(2*delay, 50*time.Millisecond)
-	}
-}
-
-func (h *heldLease) renew() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.done {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), sessionLeaseRenew)
-	_, held, err := h.m.opt.Store.TryLease(ctx, h.name, h.m.opt.Replica, sessionLeaseTTL)
-	cancel()
-	if err != nil || !held {
-		// What this process writes from now on is fenced by the record's
-		// revision: a replica that took the lease meanwhile and wrote
-		// makes those writes fail.
-		h.m.log.Error("renewing a session's lock failed; another replica may take it", "lease", h.name, "held", held, "err", err)
-	}
-	h.timer.Reset(sessionLeaseRenew)
-}
-
-func (h *heldLease) release() {
-	if h.m == nil {
-		return
-	}
-	h.mu.Lock()
-	h.done = true
-	h.timer.Stop()
-	h.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := h.m.opt.Store.ReleaseLease(ctx, h.name, h.m.opt.Replica); err != nil {
-		h.m.log.Warn("releasing a session's lock; others wait until it runs out", "lease", h.name, "err", err)
-	}
-}
 
 // sync makes what this process holds of the session's sandbox agree with
 // the record, which another replica may have changed: a sandbox the
