@@ -454,8 +454,12 @@ func instanceID(path string) (string, error) {
 	return "", fmt.Errorf("%s does not hold an instance name (16 hex digits); remove it if no server uses this data directory", path)
 }
 
-// signingKey reads the key that signs presigned URLs, making it on first
-// use. It survives restarts so that URLs handed out stay valid.
+// signingKey reads the key that signs presigned URLs and E2B tokens,
+// making it on first use. It survives restarts so that URLs handed out
+// stay valid. Replicas share it: of two starting at once on a new data
+// directory, one makes it and the other reads that one (it appears whole,
+// by a hard link, or not at all), or each would sign what the other
+// refuses.
 func signingKey(path string) ([]byte, error) {
 	b, err := os.ReadFile(path)
 	if err == nil && len(b) >= 32 {
@@ -464,9 +468,26 @@ func signingKey(path string) ([]byte, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
+	if err == nil { // short: made by an sbx that wrote it in place, and cut off
+		return nil, fmt.Errorf("%s holds %d bytes, not a key of 32 or more; remove it if no server uses this data directory (presigned URLs handed out stop working)", path, len(b))
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".signing.key-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
 	b = make([]byte, 32)
 	rand.Read(b)
-	if err := os.WriteFile(path, b, 0o600); err != nil {
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Link(f.Name(), path); errors.Is(err, fs.ErrExist) {
+		return signingKey(path) // another made it first
+	} else if err != nil {
 		return nil, err
 	}
 	return b, nil
