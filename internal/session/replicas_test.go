@@ -24,6 +24,16 @@ func replicas(t *testing.T, rt *fakeRuntime) (a, b *Manager) {
 	return a, b
 }
 
+// withSandbox creates session id of tenant t through m and gives it a
+// (fake) running sandbox, sbx-ID, as a start would.
+func withSandbox(t *testing.T, m *Manager, rt *fakeRuntime, id string) {
+	t.Helper()
+	if _, _, err := m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+		t.Fatal(err)
+	}
+	attach(t, m, rt, "t", id)
+}
+
 func TestReplicaLockIsExclusive(t *testing.T) {
 	a, b := replicas(t, newFake())
 	ctx := context.Background()
@@ -35,11 +45,14 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 	if _, ok := b.tryLock(ctx, k); ok {
 		t.Fatal("b took the lock a holds")
 	}
-	got := make(chan struct{})
+	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(released)
 		unlockB, err := b.lock(ctx, k)
 		if err != nil {
 			t.Error(err)
+			close(got)
+			return
 		}
 		close(got)
 		unlockB()
@@ -51,6 +64,7 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 	}
 	unlock()
 	<-got
+	<-released // b let go too
 	if holder, live, err := a.opt.Store.LeaseHolder(ctx, leaseName(k)); err != nil || live {
 		t.Fatalf("the lease is still held after both let go: %q %v %v", holder, live, err)
 	}
@@ -70,10 +84,7 @@ func TestReplicaPauseElsewhere(t *testing.T) {
 	rt := newFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
-	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
-		t.Fatal(err)
-	}
-	attach(t, a, rt, "t", "s")
+	withSandbox(t, a, rt, "s")
 	l, err := a.Acquire(ctx, "t", "s")
 	if err != nil {
 		t.Fatal(err)
@@ -117,10 +128,7 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 	rt := newFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
-	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
-		t.Fatal(err)
-	}
-	attach(t, a, rt, "t", "s")
+	withSandbox(t, a, rt, "s")
 	unlock, ok := b.tryLock(ctx, key{"t", "s"})
 	if !ok {
 		t.Fatal("tryLock")
@@ -154,10 +162,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 	rt := newFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
-	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
-		t.Fatal(err)
-	}
-	attach(t, a, rt, "t", "s")
+	withSandbox(t, a, rt, "s")
 	if _, err := b.Hibernate(ctx, "t", "s"); err != nil {
 		t.Fatal(err)
 	}
@@ -192,10 +197,7 @@ func TestReplicaAdoptOrClear(t *testing.T) {
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	for _, id := range []string{"live", "gone"} {
-		if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: id}); err != nil {
-			t.Fatal(err)
-		}
-		attach(t, a, rt, "t", id)
+		withSandbox(t, a, rt, id)
 	}
 	rt.Destroy(ctx, "sbx-gone")
 	for id, want := range map[string]string{"live": api.SandboxRunning, "gone": api.SandboxNone} {
@@ -228,10 +230,7 @@ func TestReplicaSweep(t *testing.T) {
 		o.Alive = func(_ context.Context, r string) (bool, error) { return r != "dead", nil }
 	})
 	ctx := context.Background()
-	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
-		t.Fatal(err)
-	}
-	attach(t, a, rt, "t", "s") // sbx-s, recorded
+	withSandbox(t, a, rt, "s") // sbx-s, recorded
 	lab := func(replica string, kv ...string) map[string]string {
 		l := map[string]string{LabelInstance: "inst", LabelReplica: replica}
 		for i := 0; i < len(kv); i += 2 {
@@ -259,10 +258,7 @@ func TestWakeUpSandboxGone(t *testing.T) {
 	rt := newFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
-	if _, _, err := a.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
-		t.Fatal(err)
-	}
-	attach(t, a, rt, "t", "s")
+	withSandbox(t, a, rt, "s")
 	if _, err := b.Pause(ctx, "t", "s"); err != nil {
 		t.Fatal(err)
 	}
