@@ -273,7 +273,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			// A write now would be lost with the hibernated directory:
 			// wait for the hibernation, then look again.
 			e.unlock()
-			if unlock, err := m.lock(ctx, k); err != nil {
+			if unlock, err := m.locks.lock(ctx, k); err != nil {
 				return nil, nil, err
 			} else {
 				unlock()
@@ -311,7 +311,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			}
 			continue
 		}
-		ws, err := workspace.Open(m.workspaceDir(k), m.opt.Owners)
+		ws, err := workspace.Open(m.ws.dir(k), m.opt.Owners)
 		if err != nil {
 			f.release()
 			return nil, nil, err

@@ -30,7 +30,7 @@ func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error
 // withRecord runs op on the session's record under the session's lock and
 // returns the session as op leaves it.
 func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context, *store.Session) (*store.Session, error)) (*Session, error) {
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +181,7 @@ func (m *Manager) Resume(ctx context.Context, tenant, id string) (*Session, erro
 // wakeUp brings a paused or hibernated session back to running; with
 // start, it also starts a sandbox if there is none and none coming.
 func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, error) {
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -344,13 +344,13 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	e.saving = true
 	e.unlock()
 	if sb == nil && rec.SandboxID != "" {
-		m.destroyByID(ctx, rec)
+		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 		rec.SandboxID = ""
 		if err := m.save(ctx, rec); err != nil {
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
 		}
 	}
-	_, st, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), hibernatedKey(k), prev)
+	_, st, err := m.opt.Snapshots.Save(ctx, m.ws.dir(k), hibernatedKey(k), prev)
 	m.AddStored(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
@@ -368,14 +368,14 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	}
 	e.unlock()
 	if sb != nil && mine {
-		m.destroy(ctx, sb)
+		m.sbx.destroy(ctx, sb)
 	}
 	rec.SandboxID = ""
 	rec, err = m.move(ctx, rec, api.StatusHibernated, "")
 	if err != nil {
 		return nil, err
 	}
-	if err := m.discard(m.workspaceDir(k)); err != nil {
+	if err := m.ws.discard(m.ws.dir(k)); err != nil {
 		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
 	}
 	m.opt.Events("hibernate")
@@ -386,7 +386,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 // host and makes it running. The caller holds the session's lock.
 func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
 	k := key{rec.Tenant, rec.ID}
-	dir := m.workspaceDir(k)
+	dir := m.ws.dir(k)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		if m.opt.Snapshots == nil {
 			return nil, fmt.Errorf("session %q is hibernated and this server has no blob store: %w", rec.ID, errdefs.ErrUnavailable)
@@ -395,12 +395,12 @@ func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*s
 		if err != nil {
 			return nil, err
 		}
-		fresh, _, err := m.restoreWorkspace(ctx, hibernatedKey(k), s.Config.Resources.Disk)
+		fresh, _, err := m.ws.restore(ctx, hibernatedKey(k), s.Config.Resources.Disk)
 		if err != nil {
 			return nil, fmt.Errorf("session %q: restoring its hibernated workspace: %w", rec.ID, err)
 		}
 		if err := os.Rename(fresh, dir); err != nil {
-			m.opt.Quota.Remove(context.WithoutCancel(ctx), fresh)
+			m.ws.remove(context.WithoutCancel(ctx), fresh)
 			return nil, fmt.Errorf("session %q: putting its restored workspace in place: %w", rec.ID, err)
 		}
 	} else if err != nil {
@@ -449,7 +449,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 		return nil, fmt.Errorf("snapshots need a blob store, and this server has none: %w", errdefs.ErrUnavailable)
 	}
 	k := key{tenant, id}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -492,7 +492,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	}
 	e.unlock()
 	sid := newSnapshotID()
-	mf, st, err := m.opt.Snapshots.Save(ctx, m.workspaceDir(k), snapshotKey(k, sid), prev)
+	mf, st, err := m.opt.Snapshots.Save(ctx, m.ws.dir(k), snapshotKey(k, sid), prev)
 	m.AddStored(tenant, st.NewBytes+st.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
@@ -593,7 +593,7 @@ func (m *Manager) loadSnapshot(ctx context.Context, k key, sid string) (*snapsho
 // collection of what no snapshot references.
 func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) error {
 	k := key{tenant, id}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return err
 	}
@@ -613,7 +613,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) er
 // The new workspace takes the old one's place in one atomic exchange.
 func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (*Session, error) {
 	k := key{tenant, id}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -638,27 +638,27 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 	e.snap = nil
 	e.unlock()
 	if sb != nil {
-		m.destroy(ctx, sb)
+		m.sbx.destroy(ctx, sb)
 	} else if rec.SandboxID != "" {
-		m.destroyByID(ctx, rec)
+		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 	}
 	rec.SandboxID = ""
 	s, err := m.decode(rec)
 	if err != nil {
 		return nil, err
 	}
-	fresh, _, err := m.restoreWorkspace(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
+	fresh, _, err := m.ws.restore(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
 	if err != nil {
 		if serr := m.save(ctx, rec); serr != nil {
 			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
 		}
 		return nil, fmt.Errorf("session %q: restoring snapshot %s: %w", id, sid, err)
 	}
-	dir := m.workspaceDir(k)
+	dir := m.ws.dir(k)
 	err = unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
 	switch {
 	case err == nil:
-		if err := m.discard(fresh); err != nil { // now the old workspace
+		if err := m.ws.discard(fresh); err != nil { // now the old workspace
 			m.log.Error("removing a replaced workspace", "session", id, "err", err)
 		}
 	case errors.Is(err, unix.ENOENT): // hibernated: no workspace on the host
@@ -666,7 +666,7 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 			return nil, err
 		}
 	default:
-		m.opt.Quota.Remove(context.WithoutCancel(ctx), fresh)
+		m.ws.remove(context.WithoutCancel(ctx), fresh)
 		return nil, fmt.Errorf("session %q: putting the restored workspace in place: %w", id, err)
 	}
 	if rec.Status == api.StatusHibernated {

@@ -180,7 +180,7 @@ func TestStoredLimit(t *testing.T) {
 		t.Helper()
 		b := make([]byte, 3<<20)
 		rand.Read(b)
-		if err := os.WriteFile(filepath.Join(m.workspaceDir(key{tenant, "s"}), name), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(m.ws.dir(key{tenant, "s"}), name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -215,7 +215,7 @@ func TestStoredLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Remove(filepath.Join(m.workspaceDir(key{"t", "s"}), "0")); err != nil {
+	if err := os.Remove(filepath.Join(m.ws.dir(key{"t", "s"}), "0")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.opt.Snapshots.Collect(ctx, 0); err != nil {

@@ -3,12 +3,28 @@ package session
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
-// The session lock (lock, tryLock): an in-process mutex per session and,
-// between replicas (Options.Replica), a lease in the store.
+// locker holds the sessions' locks (lock, tryLock): an in-process mutex
+// per session and, between replicas (replica set), a lease in the store.
+// It knows nothing else of sessions.
+type locker struct {
+	store   store.Store
+	replica string // "" for a process alone with its store
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	locks map[key]*keyLock
+}
+
+func newLocker(st store.Store, replica string, log *slog.Logger) *locker {
+	return &locker{store: st, replica: replica, log: log, locks: map[key]*keyLock{}}
+}
 
 // keyLock serializes the lifecycle changes of one session.
 type keyLock struct {
@@ -16,21 +32,21 @@ type keyLock struct {
 	refs int
 }
 
-func (m *Manager) keyLock(k key) (*keyLock, func()) {
-	m.mu.Lock()
-	l := m.locks[k]
+func (lk *locker) keyLock(k key) (*keyLock, func()) {
+	lk.mu.Lock()
+	l := lk.locks[k]
 	if l == nil {
 		l = &keyLock{}
-		m.locks[k] = l
+		lk.locks[k] = l
 	}
 	l.refs++
-	m.mu.Unlock()
+	lk.mu.Unlock()
 	return l, func() {
-		m.mu.Lock()
+		lk.mu.Lock()
 		if l.refs--; l.refs == 0 {
-			delete(m.locks, k)
+			delete(lk.locks, k)
 		}
-		m.mu.Unlock()
+		lk.mu.Unlock()
 	}
 }
 
@@ -38,10 +54,10 @@ func (m *Manager) keyLock(k key) (*keyLock, func()) {
 // replicas (Options.Replica) the lock is also a lease in the store,
 // taken after the in-process mutex, so that processes queue on the store
 // and threads of one process in memory.
-func (m *Manager) lock(ctx context.Context, k key) (func(), error) {
-	l, release := m.keyLock(k)
+func (lk *locker) lock(ctx context.Context, k key) (func(), error) {
+	l, release := lk.keyLock(k)
 	l.Lock()
-	held, err := m.lease(ctx, k, true)
+	held, err := lk.lease(ctx, k, true)
 	if err != nil {
 		l.Unlock()
 		release()
@@ -51,13 +67,13 @@ func (m *Manager) lock(ctx context.Context, k key) (func(), error) {
 }
 
 // tryLock takes the session's lock if no one holds it.
-func (m *Manager) tryLock(ctx context.Context, k key) (func(), bool) {
-	l, release := m.keyLock(k)
+func (lk *locker) tryLock(ctx context.Context, k key) (func(), bool) {
+	l, release := lk.keyLock(k)
 	if !l.TryLock() {
 		release()
 		return nil, false
 	}
-	held, err := m.lease(ctx, k, false)
+	held, err := lk.lease(ctx, k, false)
 	if err != nil || held == nil {
 		l.Unlock()
 		release()
@@ -82,7 +98,7 @@ func leaseName(k key) string { return fmt.Sprintf("session/%d/%s/%s", len(k.tena
 // heldLease is a session's lease while this process holds it. The zero
 // value, for a process alone with its store, holds nothing.
 type heldLease struct {
-	m     *Manager
+	lk    *locker
 	name  string
 	mu    sync.Mutex
 	timer *time.Timer
@@ -91,19 +107,19 @@ type heldLease struct {
 
 // lease takes the session's lease in the store: with wait, until it has
 // it or ctx ends; without, once (nil if another replica holds it).
-func (m *Manager) lease(ctx context.Context, k key, wait bool) (*heldLease, error) {
-	if !m.shared() {
+func (lk *locker) lease(ctx context.Context, k key, wait bool) (*heldLease, error) {
+	if lk.replica == "" {
 		return &heldLease{}, nil
 	}
 	name := leaseName(k)
 	delay := time.Millisecond
 	for {
-		_, held, err := m.opt.Store.TryLease(ctx, name, m.opt.Replica, sessionLeaseTTL)
+		_, held, err := lk.store.TryLease(ctx, name, lk.replica, sessionLeaseTTL)
 		if err != nil {
 			return nil, fmt.Errorf("session %q: taking its lock: %w", k.id, err)
 		}
 		if held {
-			h := &heldLease{m: m, name: name}
+			h := &heldLease{lk: lk, name: name}
 			h.mu.Lock()
 			h.timer = time.AfterFunc(sessionLeaseRenew, h.renew)
 			h.mu.Unlock()
@@ -130,19 +146,19 @@ func (h *heldLease) renew() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), sessionLeaseRenew)
-	_, held, err := h.m.opt.Store.TryLease(ctx, h.name, h.m.opt.Replica, sessionLeaseTTL)
+	_, held, err := h.lk.store.TryLease(ctx, h.name, h.lk.replica, sessionLeaseTTL)
 	cancel()
 	if err != nil || !held {
 		// What this process writes from now on is fenced by the record's
 		// revision: a replica that took the lease meanwhile and wrote
 		// makes those writes fail.
-		h.m.log.Error("renewing a session's lock failed; another replica may take it", "lease", h.name, "held", held, "err", err)
+		h.lk.log.Error("renewing a session's lock failed; another replica may take it", "lease", h.name, "held", held, "err", err)
 	}
 	h.timer.Reset(sessionLeaseRenew)
 }
 
 func (h *heldLease) release() {
-	if h.m == nil {
+	if h.lk == nil {
 		return
 	}
 	h.mu.Lock()
@@ -151,7 +167,7 @@ func (h *heldLease) release() {
 	h.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := h.m.opt.Store.ReleaseLease(ctx, h.name, h.m.opt.Replica); err != nil {
-		h.m.log.Warn("releasing a session's lock; others wait until it runs out", "lease", h.name, "err", err)
+	if err := h.lk.store.ReleaseLease(ctx, h.name, h.lk.replica); err != nil {
+		h.lk.log.Warn("releasing a session's lock; others wait until it runs out", "lease", h.name, "err", err)
 	}
 }

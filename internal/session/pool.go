@@ -3,16 +3,12 @@ package session
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"maps"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -45,12 +41,10 @@ type pooled struct {
 	hash string // the template build it runs
 }
 
-func (m *Manager) poolDir() string { return filepath.Join(m.opt.WorkspaceDir, ".pool") }
-
-// PoolSizes reports each pool's ready sandboxes.
-func (m *Manager) PoolSizes() map[string]int {
+// poolSizes reports each pool's ready sandboxes.
+func (s *sandboxes) poolSizes() map[string]int {
 	out := map[string]int{}
-	for name, p := range m.pools {
+	for name, p := range s.pools {
 		p.mu.Lock()
 		out[name] = len(p.ready)
 		p.mu.Unlock()
@@ -60,12 +54,12 @@ func (m *Manager) PoolSizes() map[string]int {
 
 // filler keeps the pools full: it starts what is missing, one sandbox at a
 // time per pool, when a claim wakes it and every few seconds.
-func (m *Manager) filler() {
-	defer m.wg.Done()
+func (s *sandboxes) filler() {
+	defer s.wg.Done()
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
 	for {
-		for _, p := range m.pools {
+		for _, p := range s.pools {
 			p.mu.Lock()
 			missing := p.size - len(p.ready) - p.starting
 			if missing > 0 {
@@ -73,22 +67,22 @@ func (m *Manager) filler() {
 			}
 			p.mu.Unlock()
 			if missing > 0 {
-				m.wg.Add(1)
-				go m.fill(p)
+				s.wg.Add(1)
+				go s.fill(p)
 			}
 		}
 		select {
-		case <-m.ctx.Done():
-			m.drainPools()
+		case <-s.ctx.Done():
+			s.drainPools()
 			return
 		case <-t.C:
-		case <-m.refill:
+		case <-s.refill:
 			// A claim woke us: let the session's first execution have the
 			// CPU first. A sandbox start is a few hundred milliseconds of
 			// both cores; started at once, it doubled that execution's
 			// time.
 			select {
-			case <-m.ctx.Done():
+			case <-s.ctx.Done():
 			case <-time.After(refillDelay):
 			}
 		}
@@ -99,125 +93,126 @@ func (m *Manager) filler() {
 const refillDelay = 250 * time.Millisecond
 
 // fill starts one pooled sandbox.
-func (m *Manager) fill(p *pool) {
-	defer m.wg.Done()
-	pd, err := m.startPooled(m.ctx, p.template)
+func (s *sandboxes) fill(p *pool) {
+	defer s.wg.Done()
+	pd, err := s.startPooled(s.ctx, p.template)
 	p.mu.Lock()
 	p.starting--
-	if err == nil && m.ctx.Err() == nil {
+	if err == nil && s.ctx.Err() == nil {
 		p.ready = append(p.ready, pd)
 		pd = nil
 	}
 	p.mu.Unlock()
 	if pd != nil {
-		m.dropPooled(pd)
+		s.dropPooled(pd)
 	}
-	if err != nil && m.ctx.Err() == nil {
-		m.log.Warn("warm pool: sandbox start failed", "template", p.template, "err", err)
+	if err != nil && s.ctx.Err() == nil {
+		s.log.Warn("warm pool: sandbox start failed", "template", p.template, "err", err)
 		select { // not at once again: the runtime may be down
-		case <-m.ctx.Done():
+		case <-s.ctx.Done():
 		case <-time.After(5 * time.Second):
 		}
 	}
 	select {
-	case m.refill <- struct{}{}:
+	case s.refill <- struct{}{}:
 	default:
 	}
 }
 
-func (m *Manager) startPooled(ctx context.Context, name string) (*pooled, error) {
-	spec, err := m.Template(name)
+func (s *sandboxes) startPooled(ctx context.Context, name string) (*pooled, error) {
+	spec, err := s.spec(name)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := m.runtime(spec.Runtime)
+	rt, err := s.runtime(spec.Runtime)
 	if err != nil {
 		return nil, err
 	}
-	tmpl, ok := m.opt.Templates.Lookup(spec)
+	tmpl, ok := s.opt.Templates.Lookup(spec)
 	if !ok {
-		m.log.Info("building template for its warm pool (once; cached)", "template", name)
-		if tmpl, err = m.opt.Templates.Ensure(ctx, spec, progressLog{m.log, name}); err != nil {
+		s.log.Info("building template for its warm pool (once; cached)", "template", name)
+		if tmpl, err = s.opt.Templates.Ensure(ctx, spec, progressLog{s.log, name}); err != nil {
 			return nil, err
 		}
 	}
-	release, err := m.startSlot(ctx)
+	release, err := s.startSlot(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
 	id := newID("sbx")
-	dir := filepath.Join(m.poolDir(), id)
-	if err := os.MkdirAll(m.poolDir(), 0o711); err != nil {
+	dir := filepath.Join(s.ws.poolDir(), id)
+	if err := os.MkdirAll(s.ws.poolDir(), 0o711); err != nil {
 		return nil, err
 	}
 	// The template's default disk: a session claims a pooled sandbox only
 	// if it asked for that.
-	if err := m.makeWorkspace(ctx, dir, spec.Resources.WithDefaults().DiskMB); err != nil {
+	if err := s.ws.make(ctx, dir, spec.Resources.WithDefaults().DiskMB); err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, m.opt.StartTimeout)
+	cctx, cancel := context.WithTimeout(ctx, s.opt.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
 		ID: id, Rootfs: tmpl.Rootfs, Workspace: dir, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
-		Resources: tmpl.Spec.Resources, Labels: m.labels(map[string]string{LabelPool: name, "sbx.template": name}),
+		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, "sbx.template": name}),
 	})
 	if err != nil {
-		m.opt.Quota.Remove(context.WithoutCancel(ctx), dir)
+		s.ws.remove(context.WithoutCancel(ctx), dir)
 		return nil, err
 	}
 	pd := &pooled{sb: &sandbox{id: id, rt: rt, client: dialer(rt, id)}, dir: dir, hash: tmpl.Hash}
 	// Ready means preload done, so that the first execution pays nothing.
 	if err := pd.sb.client.WaitReady(cctx); err != nil {
-		m.dropPooled(pd)
+		s.dropPooled(pd)
 		return nil, err
 	}
-	m.opt.Events("create")
+	s.opt.Events("create")
 	return pd, nil
 }
 
-func (m *Manager) dropPooled(pd *pooled) {
-	m.destroy(context.Background(), pd.sb)
-	if err := m.opt.Quota.Remove(context.Background(), pd.dir); err != nil {
-		m.log.Warn("warm pool: removing a workspace", "dir", pd.dir, "err", err)
+func (s *sandboxes) dropPooled(pd *pooled) {
+	s.destroy(context.Background(), pd.sb)
+	if err := s.ws.remove(context.Background(), pd.dir); err != nil {
+		s.log.Warn("warm pool: removing a workspace", "dir", pd.dir, "err", err)
 	}
 }
 
 // drainPools destroys the pooled sandboxes: they hold nothing of anyone's,
 // and a restarted server would find them orphaned anyway.
-func (m *Manager) drainPools() {
-	for _, p := range m.pools {
+func (s *sandboxes) drainPools() {
+	for _, p := range s.pools {
 		p.mu.Lock()
 		ready := p.ready
 		p.ready = nil
 		p.mu.Unlock()
 		for _, pd := range ready {
-			m.dropPooled(pd)
+			s.dropPooled(pd)
 		}
 	}
 }
 
 // claim hands the session a pooled sandbox if its template has a pool
-// with one ready and the session fits it; it reports whether it did. The
-// caller holds the session's lock; no file call is using the workspace
-// (e.claiming keeps new ones out).
-func (m *Manager) claim(e *entry, s *Session) (*pooled, bool) {
-	p := m.pools[s.TemplateID]
+// with one ready and the session fits it, moving the session's files into
+// the pooled workspace, which takes the session's workspace's place; it
+// reports whether it did. The caller holds the session's lock; no file
+// call is using the workspace (e.claiming keeps new ones out).
+func (s *sandboxes) claim(sess *Session) (*pooled, bool) {
+	p := s.pools[sess.TemplateID]
 	if p == nil {
 		return nil, false
 	}
-	spec, err := m.Template(s.TemplateID)
+	spec, err := s.spec(sess.TemplateID)
 	if err != nil {
 		return nil, false
 	}
 	def := spec.Resources.WithDefaults()
-	if r := s.Config.Resources; r.CPU != def.CPU || r.Memory != def.MemoryMB || r.Disk != def.DiskMB {
+	if r := sess.Config.Resources; r.CPU != def.CPU || r.Memory != def.MemoryMB || r.Disk != def.DiskMB {
 		return nil, false // the pool's sandboxes have the template's limits
 	}
 	p.mu.Lock()
 	var pd *pooled
 	for i, c := range p.ready {
-		if s.Config.TemplateHash == "" || c.hash == s.Config.TemplateHash {
+		if sess.Config.TemplateHash == "" || c.hash == sess.Config.TemplateHash {
 			pd = c
 			p.ready = append(p.ready[:i], p.ready[i+1:]...)
 			break
@@ -225,41 +220,20 @@ func (m *Manager) claim(e *entry, s *Session) (*pooled, bool) {
 	}
 	p.mu.Unlock()
 	if pd == nil {
-		m.opt.Events("pool_miss")
+		s.opt.Events("pool_miss")
 		return nil, false
 	}
 	select {
-	case m.refill <- struct{}{}:
+	case s.refill <- struct{}{}:
 	default:
 	}
-	if err := m.moveInto(pd.dir, m.workspaceDir(e.key)); err != nil {
-		m.log.Error("warm pool: moving a workspace into a pooled sandbox", "session", s.ID, "err", err)
-		m.dropPooled(pd)
+	if err := s.ws.moveInto(pd.dir, s.ws.dir(key{sess.Tenant, sess.ID})); err != nil {
+		s.log.Error("warm pool: moving a workspace into a pooled sandbox", "session", sess.ID, "err", err)
+		s.dropPooled(pd)
 		return nil, false
 	}
-	m.opt.Events("pool_hit")
+	s.opt.Events("pool_hit")
 	return pd, true
-}
-
-// moveInto makes the pooled workspace dir the session's workspace at
-// dst: dst's entries move into dir, then dir takes dst's place. The two
-// have quotas of their own, equal (the claim checked), so the entries are
-// copied, by reflink, rather than renamed (quota.MoveEntries). If that
-// or the exchange fails, dst is left as it was.
-func (m *Manager) moveInto(dir, dst string) error {
-	undo, err := quota.MoveEntries(dst, dir)
-	if err != nil {
-		return err
-	}
-	if err := unix.Renameat2(unix.AT_FDCWD, dir, unix.AT_FDCWD, dst, unix.RENAME_EXCHANGE); err != nil {
-		undo()
-		return err
-	}
-	// dir now holds the session's old directory, emptied or copied from.
-	if err := m.opt.Quota.Remove(context.Background(), dir); err != nil && !errors.Is(err, os.ErrNotExist) {
-		m.log.Warn("warm pool: removing an emptied workspace", "dir", dir, "err", err)
-	}
-	return nil
 }
 
 // pinLocked records the template build a session's sandbox runs. The

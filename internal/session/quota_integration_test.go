@@ -51,7 +51,7 @@ func BenchmarkClaimMove(b *testing.B) {
 			b.StopTimer()
 			pool, ws := filepath.Join(m.opt.WorkspaceDir, fmt.Sprint("p", i)), filepath.Join(m.opt.WorkspaceDir, "t", fmt.Sprint("s", i))
 			for _, d := range []string{pool, ws} {
-				if err := m.makeWorkspace(ctx, d, 100); err != nil {
+				if err := m.ws.make(ctx, d, 100); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -59,7 +59,7 @@ func BenchmarkClaimMove(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			if err := m.moveInto(pool, ws); err != nil {
+			if err := m.ws.moveInto(pool, ws); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -74,14 +74,14 @@ func TestClaimMoveKeepsQuota(t *testing.T) {
 	ctx := context.Background()
 	pool, ws := filepath.Join(root, "pool"), filepath.Join(root, "ws")
 	for _, d := range []string{pool, ws} {
-		if err := m.makeWorkspace(ctx, d, 16); err != nil {
+		if err := m.ws.make(ctx, d, 16); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := os.WriteFile(filepath.Join(ws, "big"), make([]byte, 12<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.moveInto(pool, ws); err != nil {
+	if err := m.ws.moveInto(pool, ws); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(ws, "big")); err != nil {

@@ -115,7 +115,7 @@ func (m *Manager) Reap(ctx context.Context, now time.Time) int {
 // flight, an error) is looked at again a little later.
 func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time) bool {
 	k := key{due.Tenant, due.ID}
-	unlock, ok := m.tryLock(ctx, k)
+	unlock, ok := m.locks.tryLock(ctx, k)
 	if !ok {
 		return false
 	}

@@ -66,7 +66,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		req.SessionID = newID("ses")
 	}
 	k := key{tenant, req.SessionID}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, false, err
 	}
@@ -141,15 +141,15 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		return nil, false, err
 	}
 	// Every uid of the sandbox must be able to traverse the parents.
-	if err := os.MkdirAll(filepath.Dir(m.workspaceDir(k)), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Dir(m.ws.dir(k)), 0o711); err != nil {
 		return nil, false, err
 	}
 	// A workspace left by a session of this id that a crash kept from
 	// being removed is not this session's.
-	if err := m.discard(m.workspaceDir(k)); err != nil {
+	if err := m.ws.discard(m.ws.dir(k)); err != nil {
 		return nil, false, err
 	}
-	if err := m.makeWorkspace(ctx, m.workspaceDir(k), cfg.Resources.Disk); err != nil {
+	if err := m.ws.make(ctx, m.ws.dir(k), cfg.Resources.Disk); err != nil {
 		return nil, false, fmt.Errorf("session %q: workspace: %w", req.SessionID, err)
 	}
 	if err := m.opt.Store.CreateSession(ctx, rec); err != nil {
@@ -178,36 +178,6 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	return s, true, nil
 }
 
-func (m *Manager) workspaceDir(k key) string {
-	return filepath.Join(m.opt.WorkspaceDir, k.tenant, k.id)
-}
-
-// discard moves dir, if it exists, to the trash and removes it in the
-// background: the path is free at once, and a crash halfway leaves no
-// half-removed workspace where a session would find it.
-func (m *Manager) discard(dir string) error {
-	if err := os.MkdirAll(m.trash, 0o700); err != nil {
-		return err
-	}
-	junk := filepath.Join(m.trash, newID("ws"))
-	if err := os.Rename(dir, junk); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		// Gone meanwhile: a replica sharing the data directory emptied
-		// the trash as it started.
-		if err := m.opt.Quota.Remove(context.Background(), junk); err != nil && !errors.Is(err, os.ErrNotExist) {
-			m.log.Error("removing a discarded workspace", "dir", junk, "err", err)
-		}
-	}()
-	return nil
-}
-
 // Delete kills the session's sandbox at once, removes its workspace,
 // snapshots, executions and uploads, and marks it terminated. Deleting a
 // terminated session again is not an error.
@@ -225,7 +195,7 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 		}
 		e.unlock()
 	}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}
@@ -272,13 +242,13 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 		}
 		if sb != nil {
 			held = sb.id
-			m.destroy(ctx, sb)
+			m.sbx.destroy(ctx, sb)
 		}
 	}
 	if rec.SandboxID != "" && rec.SandboxID != held {
-		m.destroyByID(ctx, rec)
+		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 	}
-	if err := m.discard(m.workspaceDir(k)); err != nil {
+	if err := m.ws.discard(m.ws.dir(k)); err != nil {
 		m.log.Error("removing workspace", "session", k.id, "err", err)
 	}
 	m.dropSnapshots(ctx, k)
@@ -299,7 +269,7 @@ func (m *Manager) Keepalive(ctx context.Context, tenant, id string, timeout int6
 		return nil, invalid("timeout %d: want 1..%d seconds (0 for the session's TTL)", timeout, int64(MaxTTL/time.Second))
 	}
 	k := key{tenant, id}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, err
 	}

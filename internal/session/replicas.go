@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -93,30 +90,16 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 // cleared from the record (nil), so that the next start makes a new one
 // over the same workspace. The caller holds the session's lock.
 func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox, frozen bool, err error) {
-	spec, err := m.Template(rec.TemplateID)
+	sb, frozen, res, err := m.sbx.reattach(ctx, rec.TemplateID, rec.SandboxID)
 	if err != nil {
 		return nil, false, err
 	}
-	rt, err := m.runtime(spec.Runtime)
-	if err != nil {
-		return nil, false, err
-	}
-	info, err := rt.Inspect(ctx, rec.SandboxID)
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, false, err
-	}
-	if err == nil && (info.State == runtime.StateRunning || info.State == runtime.StatePaused) {
-		sb := &sandbox{id: rec.SandboxID, rt: rt, client: dialer(rt, rec.SandboxID)}
-		m.entry(key{rec.Tenant, rec.ID}).setRes(info.Resources.MemoryMB, info.Resources.CPU)
-		return sb, info.State == runtime.StatePaused, nil
+	if sb != nil {
+		m.entry(key{rec.Tenant, rec.ID}).setRes(res.MemoryMB, res.CPU)
+		return sb, frozen, nil
 	}
 	m.log.Warn("a session's sandbox is gone; a new one starts over the same workspace", "tenant", rec.Tenant, "session", rec.ID, "sandbox", rec.SandboxID)
 	m.opt.Events("lost")
-	if err == nil {
-		if err := rt.Destroy(ctx, rec.SandboxID); err != nil {
-			m.log.Warn("destroying a stopped sandbox", "sandbox", rec.SandboxID, "err", err)
-		}
-	}
 	return nil, false, m.clearLost(ctx, rec)
 }
 
@@ -218,68 +201,20 @@ func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to stri
 }
 
 // sweepEvery is how often the replica that runs the reaper looks for the
-// sandboxes of dead replicas that no record names.
+// sandboxes of dead replicas that no record names (sandboxes.sweep).
 const sweepEvery = time.Minute
 
-// sweep destroys the sandboxes that replicas which died started and no
-// record names: starts they did not live to record, and their warm pools
-// with their workspaces. A replica that starts does this in Start; sweep
-// is for replicas that never come back. The candidates are found from
-// the labels, and only when there are some are the records read.
+// sweep destroys the sandboxes of dead replicas that no record names.
 func (m *Manager) sweep(ctx context.Context) {
-	rt, err := m.runtime("")
-	if err != nil {
-		return
-	}
-	infos, err := rt.List(ctx)
-	if err != nil {
-		m.log.Warn("sweeping dead replicas' sandboxes", "err", err)
-		return
-	}
-	dead := map[string]bool{}
-	var orphans []runtime.Info
-	for _, info := range infos {
-		r := info.Labels[LabelReplica]
-		if r == "" || r == m.opt.Replica || info.Labels[LabelInstance] != m.opt.Instance {
-			continue
+	m.sbx.sweep(ctx, func(ctx context.Context) (map[string]bool, error) {
+		recs, err := m.opt.Store.ListSandboxSessions(ctx)
+		if err != nil {
+			return nil, err
 		}
-		gone, seen := dead[r]
-		if !seen {
-			alive, err := m.opt.Alive(ctx, r)
-			if err != nil {
-				return
-			}
-			gone, dead[r] = !alive, !alive
+		named := map[string]bool{}
+		for _, rec := range recs {
+			named[rec.SandboxID] = true
 		}
-		if gone {
-			orphans = append(orphans, info)
-		}
-	}
-	if len(orphans) == 0 {
-		return
-	}
-	recs, err := m.opt.Store.ListSandboxSessions(ctx)
-	if err != nil {
-		m.log.Warn("sweeping dead replicas' sandboxes", "err", err)
-		return
-	}
-	named := map[string]bool{}
-	for _, rec := range recs {
-		named[rec.SandboxID] = true
-	}
-	for _, info := range orphans {
-		if named[info.ID] {
-			continue // a session's: adopted at its next call
-		}
-		m.log.Info("destroying a sandbox a dead replica left", "sandbox", info.ID, "replica", info.Labels[LabelReplica], "session", info.Labels[LabelSession])
-		if err := rt.Destroy(ctx, info.ID); err != nil {
-			m.log.Warn("destroying a sandbox a dead replica left", "sandbox", info.ID, "err", err)
-			continue
-		}
-		if info.Labels[LabelPool] != "" {
-			if err := m.opt.Quota.Remove(ctx, filepath.Join(m.poolDir(), info.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				m.log.Warn("removing a dead replica's pooled workspace", "sandbox", info.ID, "err", err)
-			}
-		}
-	}
+		return named, nil
+	})
 }

@@ -38,17 +38,17 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 	a, b := replicas(t, newFake())
 	ctx := context.Background()
 	k := key{"t", "s"}
-	unlock, err := a.lock(ctx, k)
+	unlock, err := a.locks.lock(ctx, k)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := b.tryLock(ctx, k); ok {
+	if _, ok := b.locks.tryLock(ctx, k); ok {
 		t.Fatal("b took the lock a holds")
 	}
 	got, released := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(released)
-		unlockB, err := b.lock(ctx, k)
+		unlockB, err := b.locks.lock(ctx, k)
 		if err != nil {
 			t.Error(err)
 			close(got)
@@ -69,11 +69,11 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 		t.Fatalf("the lease is still held after both let go: %q %v %v", holder, live, err)
 	}
 	// A cancelled wait says why.
-	unlock, _ = a.lock(ctx, k)
+	unlock, _ = a.locks.lock(ctx, k)
 	defer unlock()
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 	defer cancel()
-	if _, err := b.lock(cctx, k); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := b.locks.lock(cctx, k); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("lock with a context that ends: %v", err)
 	}
 }
@@ -129,7 +129,7 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
-	unlock, ok := b.tryLock(ctx, key{"t", "s"})
+	unlock, ok := b.locks.tryLock(ctx, key{"t", "s"})
 	if !ok {
 		t.Fatal("tryLock")
 	}
@@ -201,7 +201,7 @@ func TestReplicaAdoptOrClear(t *testing.T) {
 	}
 	rt.Destroy(ctx, "sbx-gone")
 	for id, want := range map[string]string{"live": api.SandboxRunning, "gone": api.SandboxNone} {
-		unlock, err := b.lock(ctx, key{"t", id})
+		unlock, err := b.locks.lock(ctx, key{"t", id})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
-	"net"
 	"sync"
 	"time"
 
@@ -15,7 +13,6 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/store"
-	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
 // Lease is a ready sandbox's executor, handed to one execution. While a
@@ -70,7 +67,7 @@ func (l *Lease) Lost(ctx context.Context) bool {
 	}
 	l.e.unlock()
 	if mine {
-		l.m.destroy(context.WithoutCancel(ctx), l.sb)
+		l.m.sbx.destroy(context.WithoutCancel(ctx), l.sb)
 		l.m.forget(l.e.key, l.sb.id)
 	}
 	return true
@@ -79,7 +76,7 @@ func (l *Lease) Lost(ctx context.Context) bool {
 // forget clears the record's sandbox if it still names id.
 func (m *Manager) forget(k key, id string) {
 	ctx := context.Background()
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		m.log.Error("recording a lost sandbox", "session", k.id, "err", err)
 		return
@@ -212,7 +209,7 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) {
 	defer close(st.done)
 	var sb *sandbox
-	unlock, err := m.lock(ctx, e.key)
+	unlock, err := m.locks.lock(ctx, e.key)
 	if err == nil {
 		defer unlock()
 		sb, err = m.startOrAdopt(ctx, e, s)
@@ -232,7 +229,7 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 	e.unlock()
 	if err != nil {
 		if sb != nil {
-			m.destroy(context.Background(), sb)
+			m.sbx.destroy(context.Background(), sb)
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
@@ -278,7 +275,7 @@ func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sand
 // fromPool gives the session a sandbox from its template's warm pool, if
 // it can have one, and records it. The caller holds the session's lock.
 func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
-	if len(m.pools) == 0 {
+	if len(m.sbx.pools) == 0 {
 		return nil
 	}
 	e.mu.Lock()
@@ -288,14 +285,14 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
 	}
 	e.claiming = true
 	e.unlock()
-	pd, ok := m.claim(e, s)
+	pd, ok := m.sbx.claim(s)
 	e.mu.Lock()
 	e.claiming = false
 	if ok {
 		if err := e.moveSandbox(sandboxRunning, pd.sb, nil); err != nil {
 			m.log.Error("warm pool: claiming a sandbox", "session", e.id, "err", err)
 			ok = false
-			defer m.dropPooled(pd)
+			defer m.sbx.dropPooled(pd)
 		}
 	}
 	e.unlock()
@@ -342,97 +339,17 @@ func (m *Manager) recordStart(k key, status, msg string, sb *sandbox) {
 	}
 }
 
-// startSandbox builds the template if need be and creates a sandbox for
-// the session. The caller holds the session's lock.
+// startSandbox creates a sandbox for the session and pins the template
+// build it runs in the record. The caller holds the session's lock.
 func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error) {
-	spec, err := m.Template(s.TemplateID)
+	sb, hash, err := m.sbx.create(ctx, s)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := m.runtime(spec.Runtime)
-	if err != nil {
-		return nil, err
+	if hash != s.Config.TemplateHash {
+		m.pinLocked(key{s.Tenant, s.ID}, hash)
 	}
-	tmpl, err := m.template(ctx, spec, s)
-	if err != nil {
-		return nil, err
-	}
-	env := maps.Clone(tmpl.Spec.Env)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, s.Config.Env)
-	res := tmpl.Spec.Resources
-	res.CPU, res.MemoryMB, res.DiskMB = s.Config.Resources.CPU, s.Config.Resources.Memory, s.Config.Resources.Disk
-	release, err := m.startSlot(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
-	id := newID("sbx")
-	ctx, cancel := context.WithTimeout(ctx, m.opt.StartTimeout)
-	defer cancel()
-	_, err = rt.Create(ctx, runtime.Spec{
-		ID: id, Rootfs: tmpl.Rootfs, Workspace: m.workspaceDir(key{s.Tenant, s.ID}),
-		Env: env, Preload: tmpl.Spec.Preload, Resources: res,
-		Labels: m.labels(map[string]string{LabelTenant: s.Tenant, LabelSession: s.ID, "sbx.template": s.TemplateID}),
-	})
-	if err != nil {
-		return nil, err
-	}
-	m.opt.Events("create")
-	return &sandbox{id: id, rt: rt, client: dialer(rt, id)}, nil
-}
-
-// startSlot waits for one of the MaxStarts start slots; release gives it
-// back.
-func (m *Manager) startSlot(ctx context.Context) (release func(), err error) {
-	select {
-	case m.starts <- struct{}{}:
-		return func() { <-m.starts }, nil
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
-	}
-}
-
-// template finds the session's pinned template build, or builds (or
-// finds) the current one and pins it. The caller holds the session's
-// lock.
-func (m *Manager) template(ctx context.Context, spec template.Spec, s *Session) (*template.Template, error) {
-	if h := s.Config.TemplateHash; h != "" {
-		if t, err := m.opt.Templates.Get(h); err == nil {
-			// The build is pinned; what is not part of its hash follows the
-			// current definition.
-			t.Spec.Env, t.Spec.Preload, t.Spec.Resources = spec.Env, spec.Preload, spec.Resources
-			return t, nil
-		}
-		m.log.Warn("pinned template build is gone; using the current one", "session", s.ID, "hash", h)
-	}
-	t, ok := m.opt.Templates.Lookup(spec)
-	if !ok {
-		m.log.Info("building template (once; later sessions reuse it)", "template", spec.Name)
-		var err error
-		if t, err = m.opt.Templates.Ensure(ctx, spec, progressLog{m.log, spec.Name}); err != nil {
-			return nil, fmt.Errorf("template %s: %w", spec.Name, err)
-		}
-	}
-	if s.Config.TemplateHash != t.Hash {
-		m.pinLocked(key{s.Tenant, s.ID}, t.Hash)
-	}
-	return t, nil
-}
-
-func dialer(rt runtime.Runtime, id string) *executor.Client {
-	return executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
-}
-
-func (m *Manager) destroy(ctx context.Context, sb *sandbox) {
-	sb.client.Close()
-	if err := sb.rt.Destroy(ctx, sb.id); err != nil {
-		m.log.Error("destroying sandbox", "sandbox", sb.id, "err", err)
-		return
-	}
-	m.opt.Events("destroy")
+	return sb, nil
 }
 
 // clearLost clears a record's sandbox, gone from its runtime; a paused
@@ -464,24 +381,6 @@ func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
 	}
 }
 
-// destroyByID destroys the sandbox a record names when this process did
-// not hold it (a previous server started it).
-func (m *Manager) destroyByID(ctx context.Context, rec *store.Session) {
-	spec, err := m.Template(rec.TemplateID)
-	if err != nil {
-		m.log.Warn("cannot destroy sandbox: template unknown", "sandbox", rec.SandboxID, "err", err)
-		return
-	}
-	rt, err := m.runtime(spec.Runtime)
-	if err != nil {
-		m.log.Warn("cannot destroy sandbox", "sandbox", rec.SandboxID, "err", err)
-		return
-	}
-	if err := rt.Destroy(ctx, rec.SandboxID); err != nil {
-		m.log.Error("destroying sandbox", "sandbox", rec.SandboxID, "err", err)
-	}
-}
-
 // Start reconciles the store with the sandboxes that exist, then
 // starts the reaper. A session's recorded sandbox that is still there is
 // adopted as it is (running or frozen); one that is gone is cleared from
@@ -490,17 +389,13 @@ func (m *Manager) destroyByID(ctx context.Context, rec *store.Session) {
 // looked at are the default and those of the recorded sessions'
 // templates; one that cannot be had is skipped with its sessions.
 func (m *Manager) Start(ctx context.Context) error {
-	for name := range m.pools {
+	for name := range m.sbx.pools {
 		if _, err := m.Template(name); err != nil {
 			return fmt.Errorf("warm pool: %w", err)
 		}
 	}
-	if err := m.removeAll(ctx, m.trash, nil); err != nil {
+	if err := m.ws.removeAll(ctx, m.ws.trash, nil); err != nil {
 		m.log.Warn("emptying the workspace trash", "err", err)
-	}
-	type found struct {
-		info runtime.Info
-		rt   runtime.Runtime
 	}
 	recs, err := m.opt.Store.ListSandboxSessions(ctx)
 	if err != nil {
@@ -512,34 +407,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		return ""
 	}
-	listed := map[string]bool{}
-	live := map[string]found{}
-	for _, name := range append([]string{""}, mapSlice(recs, runtimeOf)...) {
-		if _, done := listed[name]; done {
-			continue
-		}
-		listed[name] = false
-		rt, err := m.runtime(name)
-		if err != nil {
-			m.log.Warn("cannot reconcile the sandboxes of a runtime", "runtime", name, "err", err)
-			continue
-		}
-		infos, err := rt.List(ctx)
-		if err != nil {
-			m.log.Warn("cannot reconcile the sandboxes of a runtime", "runtime", name, "err", err)
-			continue
-		}
-		listed[name] = true
-		for _, info := range infos {
-			if info.Labels[LabelSession] == "" && info.Labels[LabelPool] == "" { // sbx run's own
-				continue
-			}
-			if inst := info.Labels[LabelInstance]; inst != m.opt.Instance && (inst != "" || m.opt.Instance == "") {
-				continue // another deployment's
-			}
-			live[info.ID] = found{info, rt}
-		}
-	}
+	live, listed := m.sbx.list(ctx, append([]string{""}, mapSlice(recs, runtimeOf)...))
 	adopted, lost := 0, 0
 	for _, rec := range recs {
 		if !listed[runtimeOf(rec)] {
@@ -574,33 +442,14 @@ func (m *Manager) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	peers := map[string]bool{} // sandboxes of live replicas, and their pool workspaces
-	for id, f := range live {
-		if f.info.Labels[LabelInstance] != m.opt.Instance {
-			// Made before instances: ours, or another server's that
-			// shares the runtime's state. Not ours to destroy.
-			m.log.Warn("a sandbox of no known instance is left alone; destroy it by hand if no server uses it", "sandbox", id, "session", f.info.Labels[LabelSession])
-			continue
-		}
-		if r := f.info.Labels[LabelReplica]; r != "" && m.opt.Alive != nil {
-			// A live replica's warm pool, or a start of its that is not
-			// recorded yet.
-			if alive, err := m.opt.Alive(ctx, r); err != nil || alive {
-				peers[id] = true
-				continue
-			}
-		}
-		m.log.Info("destroying orphaned sandbox", "sandbox", id, "session", f.info.Labels[LabelSession])
-		if err := f.rt.Destroy(ctx, id); err != nil {
-			m.log.Warn("destroying orphaned sandbox", "sandbox", id, "err", err)
-		}
-	}
+	// What is left no session took: destroyed, but for live replicas'.
+	peers := m.sbx.destroyOrphans(ctx, live)
 	if adopted+lost > 0 {
 		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
 	}
 	// What is left there belonged to pooled sandboxes no session took,
 	// but for the pools of live replicas.
-	if err := m.removeAll(ctx, m.poolDir(), peers); err != nil {
+	if err := m.ws.removeAll(ctx, m.ws.poolDir(), peers); err != nil {
 		m.log.Warn("emptying the warm pools' workspaces", "err", err)
 	}
 	m.wg.Add(1)
@@ -609,22 +458,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.wg.Add(1)
 		go m.keepActive()
 	}
-	if len(m.pools) > 0 {
+	if len(m.sbx.pools) > 0 {
 		m.wg.Add(1)
-		go m.filler()
+		go m.sbx.filler()
 	}
 	return nil
-}
-
-// labels adds the instance's and replica's labels to a sandbox's labels.
-func (m *Manager) labels(l map[string]string) map[string]string {
-	if m.opt.Instance != "" {
-		l[LabelInstance] = m.opt.Instance
-	}
-	if m.opt.Replica != "" {
-		l[LabelReplica] = m.opt.Replica
-	}
-	return l
 }
 
 func mapSlice[T, U any](in []T, f func(T) U) []U {

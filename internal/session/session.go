@@ -18,19 +18,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"path/filepath"
 	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
@@ -136,7 +131,14 @@ type Session struct {
 	SandboxState string
 }
 
-// Manager owns the sessions of one server.
+// Manager owns the sessions of one server: their records and the state
+// machine they move by (state.go, records.go, lifecycle.go), their TTLs
+// and the reaper (reaper.go), snapshots, file calls and tenants' limits.
+// It delegates what is not a session's own: the sessions' locks (locker,
+// locks.go), the sandboxes on the runtimes and the warm pools (sandboxes,
+// sandboxes.go and pool.go), and the workspace directories on this host
+// (workspaces, workspaces.go). The three know nothing of records; the
+// Manager writes what they do into them.
 type Manager struct {
 	opt  Options
 	log  *slog.Logger
@@ -144,20 +146,16 @@ type Manager struct {
 	stop context.CancelFunc
 	wg   sync.WaitGroup
 
-	starts chan struct{} // start slots
-	trash  string        // workspaces go here to be removed
+	locks *locker
+	sbx   *sandboxes
+	ws    *workspaces
 
 	mu       sync.Mutex
 	entries  map[key]*entry
-	locks    map[key]*keyLock
-	runtimes map[string]runtime.Runtime
 	onDelete []func(tenant, id string)
 
-	pools  map[string]*pool // by template; fixed at New
-	refill chan struct{}    // wakes the pool filler
-
 	// admit is held from a tenant's sandbox quota check until the start
-	// it admits is on its entry (quota.go); tenants serializes the session
+	// it admits is on its entry (limits.go); tenants serializes the session
 	// quota check of one tenant with the insert it admits.
 	admit   sync.Mutex
 	tenants tenantLocks
@@ -188,7 +186,7 @@ type entry struct {
 	touched time.Time // last activity written to the store
 	// resMB and resMilliCPU are what the live sandbox holds, for the
 	// tenant's quotas: set when its start is admitted or it is adopted,
-	// read without mu (quota.go), as pub is.
+	// read without mu (limits.go), as pub is.
 	resMB, resMilliCPU atomic.Int64
 	// snap is the session's last snapshot, whose hashes the next one
 	// reuses for files that have not changed.
@@ -205,12 +203,6 @@ type entry struct {
 func (e *entry) unlock() {
 	e.pub.Store(int32(e.sbState))
 	e.mu.Unlock()
-}
-
-type sandbox struct {
-	id     string
-	rt     runtime.Runtime
-	client *executor.Client
 }
 
 type startOp struct {
@@ -249,16 +241,11 @@ func New(opt Options) *Manager {
 	opt.Defaults = opt.Defaults.withDefaults()
 	ctx, stop := context.WithCancel(context.Background())
 	m := &Manager{
-		opt: opt, log: opt.Log, ctx: ctx, stop: stop, starts: make(chan struct{}, opt.MaxStarts),
-		trash:   filepath.Join(opt.WorkspaceDir, ".trash"),
-		entries: map[key]*entry{}, locks: map[key]*keyLock{}, runtimes: map[string]runtime.Runtime{},
-		pools: map[string]*pool{}, refill: make(chan struct{}, 1),
+		opt: opt, log: opt.Log, ctx: ctx, stop: stop, entries: map[key]*entry{},
+		locks: newLocker(opt.Store, opt.Replica, opt.Log),
 	}
-	for name, size := range opt.Pools {
-		if size > 0 {
-			m.pools[name] = &pool{template: name, size: size}
-		}
-	}
+	m.ws = newWorkspaces(&m.opt, &m.wg)
+	m.sbx = newSandboxes(ctx, &m.opt, m.ws, &m.wg)
 	return m
 }
 
@@ -300,36 +287,9 @@ func (m *Manager) peek(k key) *entry {
 	return m.entries[k]
 }
 
-func (m *Manager) runtime(name string) (runtime.Runtime, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if rt := m.runtimes[name]; rt != nil {
-		return rt, nil
-	}
-	rt, err := m.opt.Runtime(name)
-	if err != nil {
-		return nil, fmt.Errorf("runtime %q: %v: %w", name, err, errdefs.ErrUnavailable)
-	}
-	m.runtimes[name] = rt
-	return rt, nil
-}
-
 // Template resolves a template name to its spec: a built-in or one
 // defined in the template store. Unknown names are ErrInvalidArgument.
-func (m *Manager) Template(name string) (template.Spec, error) {
-	if spec, ok := template.Builtin(name); ok {
-		return spec, nil
-	}
-	spec, err := m.opt.Templates.Named(name)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		names := []string{}
-		for _, b := range template.Builtins() {
-			names = append(names, b.Name)
-		}
-		return spec, invalid("template_id %q: no such template (built-in: %v)", name, names)
-	}
-	return spec, err
-}
+func (m *Manager) Template(name string) (template.Spec, error) { return m.sbx.spec(name) }
 
 func (m *Manager) decode(rec *store.Session) (*Session, error) {
 	s := &Session{Session: *rec, SandboxState: api.SandboxNone}
@@ -352,19 +312,6 @@ func newID(prefix string) string {
 	rand.Read(b)
 	return prefix + "-" + hex.EncodeToString(b)
 }
-
-// progressLog turns a template build's progress into log lines.
-type progressLog struct {
-	log  *slog.Logger
-	name string
-}
-
-func (p progressLog) Write(b []byte) (int, error) {
-	p.log.Info("template build", "template", p.name, "progress", string(b))
-	return len(b), nil
-}
-
-var _ io.Writer = progressLog{}
 
 // SandboxCounts counts this server's sandboxes by state: starting,
 // running and paused. It never waits on a session: every sandbox start
@@ -406,30 +353,7 @@ func (m *Manager) DropConversation(ctx context.Context, tenant, id, cid string) 
 
 // Prebuild builds the named templates in the background, one after the
 // other, so that the first session of each does not wait for its build.
-func (m *Manager) Prebuild(names []string) {
-	if len(names) == 0 {
-		return
-	}
-	m.wg.Add(1)
-	go func() {
-		defer m.wg.Done()
-		for _, name := range names {
-			spec, err := m.Template(name)
-			if err != nil {
-				m.log.Warn("prebuild", "template", name, "err", err)
-				continue
-			}
-			if _, ok := m.opt.Templates.Lookup(spec); ok {
-				continue
-			}
-			m.log.Info("building template in the background (once; cached)", "template", name)
-			if _, err := m.opt.Templates.Ensure(m.ctx, spec, progressLog{m.log, name}); err != nil {
-				if m.ctx.Err() == nil {
-					m.log.Error("template build failed", "template", name, "err", err)
-				}
-				continue
-			}
-			m.log.Info("template ready", "template", name)
-		}
-	}()
-}
+func (m *Manager) Prebuild(names []string) { m.sbx.prebuild(names) }
+
+// PoolSizes reports each warm pool's ready sandboxes.
+func (m *Manager) PoolSizes() map[string]int { return m.sbx.poolSizes() }

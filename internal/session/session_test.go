@@ -167,7 +167,7 @@ func attach(t testing.TB, m *Manager, rt *fakeRuntime, tenant, id string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unlock, err := m.lock(ctx, k)
+	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -327,7 +327,7 @@ func TestReaperSkipsLockedSessions(t *testing.T) {
 	ctx := context.Background()
 	m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "held", IdleTimeout: 1})
 	attach(t, m, rt, "t", "held")
-	unlock, err := m.lock(ctx, key{"t", "held"})
+	unlock, err := m.locks.lock(ctx, key{"t", "held"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -422,7 +422,7 @@ func TestHibernateRefusedKeepsSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "big")
-	dir := m.workspaceDir(key{"t", "big"})
+	dir := m.ws.dir(key{"t", "big"})
 	for i := range 20 {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
