@@ -229,11 +229,12 @@ func (f *Files) SyncResources(ctx context.Context, want []workspace.Resource, co
 // it: while it is open the workspace is not hibernated or replaced under
 // the call.
 type Files struct {
-	ws   *workspace.Workspace
-	sess *Session
-	m    *Manager
-	e    *entry
-	once sync.Once
+	ws     *workspace.Workspace
+	sess   *Session
+	m      *Manager
+	e      *entry
+	leased bool // holds the session's file lease (holdFiles)
+	once   sync.Once
 }
 
 // Close closes the workspace and ends the file call.
@@ -285,11 +286,18 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 		}
 		e.files++
 		e.unlock()
-		f := &Files{e: e}
+		f := &Files{e: e, m: m}
 		if m.shared() {
 			// Another replica may be hibernating the session: it marks
 			// the record paused first, and an idle hibernation gives way
-			// to activity written before that.
+			// to activity written before that. The file lease, taken
+			// before the record is looked at, makes one that comes later
+			// give way (busyElsewhere).
+			if err := m.holdFiles(ctx, e); err != nil {
+				f.release()
+				return nil, nil, err
+			}
+			f.leased = true
 			err := m.touchIf(ctx, k, func(rec *store.Session) bool {
 				return rec.Status != api.StatusPaused && rec.Status != api.StatusHibernated
 			})
@@ -316,7 +324,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			f.release()
 			return nil, nil, err
 		}
-		f.ws, f.sess, f.m = ws, s, m
+		f.ws, f.sess = ws, s
 		m.touch(ctx, k)
 		return s, f, nil
 	}
@@ -327,5 +335,62 @@ func (f *Files) release() {
 		f.e.mu.Lock()
 		f.e.files--
 		f.e.unlock()
+		if f.leased {
+			f.m.releaseFiles(f.e)
+		}
 	})
+}
+
+// Between replicas, a process with file calls open on a session holds
+// the session's file lease of its own (files/LEN/TENANT/ID/REPLICA in the
+// store) from before the first call looks at the record until the last
+// one ends; keepActive renews it. A hibernation or a snapshot restore
+// through another replica refuses while one is live (busyElsewhere), as
+// the count on the entry refuses it here (entry.busy): what the call
+// writes would be lost with the workspace that goes.
+const fileLeaseTTL = 10 * time.Second
+
+// filesLeasePrefix is the prefix of a session's file leases; the
+// tenant's length keeps any tenant name from reaching another's.
+func filesLeasePrefix(k key) string {
+	return fmt.Sprintf("files/%d/%s/%s/", len(k.tenant), k.tenant, k.id)
+}
+
+// holdFiles counts a file call on the entry's session and takes (or
+// renews) this process's file lease.
+func (m *Manager) holdFiles(ctx context.Context, e *entry) error {
+	e.fileMu.Lock()
+	defer e.fileMu.Unlock()
+	if _, _, err := m.opt.Store.TryLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica, fileLeaseTTL); err != nil {
+		return fmt.Errorf("session %q: a file call: %w", e.id, err)
+	}
+	e.fileCalls++
+	return nil
+}
+
+// releaseFiles ends a file call counted by holdFiles, and gives the file
+// lease up with the last one.
+func (m *Manager) releaseFiles(e *entry) {
+	e.fileMu.Lock()
+	defer e.fileMu.Unlock()
+	if e.fileCalls--; e.fileCalls > 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := m.opt.Store.ReleaseLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica); err != nil {
+		m.log.Warn("releasing a session's file lease; others wait until it runs out", "session", e.id, "err", err)
+	}
+}
+
+// renewFiles renews the file lease while file calls are open.
+func (m *Manager) renewFiles(ctx context.Context, e *entry) {
+	e.fileMu.Lock()
+	defer e.fileMu.Unlock()
+	if e.fileCalls == 0 {
+		return
+	}
+	if _, _, err := m.opt.Store.TryLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica, fileLeaseTTL); err != nil {
+		m.log.Warn("renewing a session's file lease", "session", e.id, "err", err)
+	}
 }

@@ -628,6 +628,11 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {
 		return nil, err
 	}
+	// Another replica's executions and file calls hold it off too: the
+	// sandbox and the workspace they use go.
+	if err := m.busyElsewhere(ctx, rec, api.StatusRunning); err != nil {
+		return nil, err
+	}
 	e := m.entry(k)
 	e.mu.Lock()
 	if err := e.busy(rec, api.StatusRunning); err != nil {

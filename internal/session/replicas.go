@@ -169,17 +169,22 @@ func (m *Manager) keepActive() {
 		m.mu.Unlock()
 		for _, e := range entries {
 			e.mu.Lock()
-			busy := e.active > 0 || e.files > 0
+			busy, files := e.active > 0 || e.files > 0, e.files > 0
 			e.unlock()
 			if busy {
 				m.touch(m.ctx, e.key)
+			}
+			if files {
+				m.renewFiles(m.ctx, e)
 			}
 		}
 	}
 }
 
 // busyElsewhere refuses a change that would pull the sandbox from under
-// an execution another replica runs: its record in the store says so.
+// an execution another replica runs (its record in the store says so),
+// or, but for a pause, the workspace from under another replica's file
+// call (its file lease, files.go).
 func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to string) error {
 	if !m.shared() {
 		return nil
@@ -196,6 +201,18 @@ func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to stri
 	}
 	if n > 0 {
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: fmt.Sprintf("%d executions are running; wait for them or cancel them", n)}
+	}
+	if to == api.StatusPaused {
+		return nil // a file call goes on over a frozen sandbox's workspace
+	}
+	leases, err := m.opt.Store.LiveLeases(ctx, filesLeasePrefix(key{rec.Tenant, rec.ID}))
+	if err != nil {
+		return err
+	}
+	for _, name := range leases {
+		if name != filesLeasePrefix(key{rec.Tenant, rec.ID})+m.opt.Replica { // this process's: entry.busy
+			return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "a file call is using its workspace; try again in a moment"}
+		}
 	}
 	return nil
 }

@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -271,5 +273,49 @@ func TestWakeUpSandboxGone(t *testing.T) {
 		if s.Status != api.StatusRunning || s.SandboxID != "" || s.SandboxState != api.SandboxNone {
 			t.Fatalf("%s: after the wake-up: %s, sandbox %q (%s)", m.opt.Replica, s.Status, s.SandboxID, s.SandboxState)
 		}
+	}
+}
+
+// A file call open through one replica keeps another replica's
+// hibernation off the workspace, as an execution does: what the call
+// writes would be lost with the hibernated directory. Once it is closed
+// the hibernation goes through, and the file comes back with the restore.
+func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
+	rt := newFake()
+	a, b := replicas(t, rt)
+	ctx := context.Background()
+	withSandbox(t, a, rt, "s")
+	_, f, err := b.Workspace(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Hibernate(ctx, "t", "s"); !errors.As(err, new(*TransitionError)) {
+		t.Fatalf("hibernate during another replica's file call: %v, want a TransitionError", err)
+	}
+	if err := os.WriteFile(filepath.Join(f.Dir(), "late.txt"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A pause leaves the files where they are: it may go on.
+	if _, err := a.Pause(ctx, "t", "s"); err != nil {
+		t.Fatalf("pause during another replica's file call: %v", err)
+	}
+	f.Close()
+	if _, err := a.Hibernate(ctx, "t", "s"); err != nil {
+		t.Fatalf("hibernate after the file call: %v", err)
+	}
+	_, f, err = b.Workspace(ctx, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := os.ReadFile(filepath.Join(f.Dir(), "late.txt")); err != nil || string(got) != "kept" {
+		t.Fatalf("after hibernate and restore: %q, %v", got, err)
+	}
+	// A file call open holds one lease; with none open there is none.
+	if names, err := a.opt.Store.LiveLeases(ctx, filesLeasePrefix(key{"t", "s"})); err != nil || len(names) != 1 {
+		t.Fatalf("file leases with one call open: %q, %v", names, err)
+	}
+	f.Close()
+	if names, err := a.opt.Store.LiveLeases(ctx, filesLeasePrefix(key{"t", "s"})); err != nil || len(names) != 0 {
+		t.Fatalf("file leases with no call open: %q, %v", names, err)
 	}
 }

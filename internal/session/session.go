@@ -177,6 +177,11 @@ type entry struct {
 	deleted bool // the session is gone: drop whatever a start brings
 	active  int  // leases out: executions using sb
 	files   int  // file calls using the workspace
+	// fileCalls counts the file calls under this process's file lease
+	// (files.go), between replicas; fileMu, not mu, guards it, since the
+	// lease is taken and given up in the store.
+	fileMu    sync.Mutex
+	fileCalls int
 	// claiming: a warm-pool claim is moving the workspace; file calls
 	// wait for it.
 	claiming bool

@@ -135,6 +135,10 @@ type Store interface {
 	// nothing), so that another can take it at once. The lease keeps its
 	// token: another holder that takes it next gets a larger one.
 	ReleaseLease(ctx context.Context, name, holder string) error
+	// LiveLeases returns the names of the live leases (not expired, not
+	// released) whose names begin with prefix, sorted. An empty prefix
+	// is errdefs.ErrInvalidArgument: there is no listing every lease.
+	LiveLeases(ctx context.Context, prefix string) ([]string, error)
 
 	// Ping reports whether the store can serve requests.
 	Ping(ctx context.Context) error

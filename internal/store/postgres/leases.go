@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -73,4 +74,21 @@ func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {
 		return dbErr(fmt.Sprintf("release lease %q", name), err)
 	}
 	return nil
+}
+
+// LiveLeases implements store.Store, on the database's clock.
+// starts_with does not depend on the database's collation.
+func (s *Store) LiveLeases(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == "" {
+		return nil, fmt.Errorf("live leases: prefix is required: %w", errdefs.ErrInvalidArgument)
+	}
+	rows, err := s.pool.Query(ctx, `SELECT name FROM leases WHERE starts_with(name, $1) AND expires_at > clock_timestamp() ORDER BY name COLLATE "C"`, prefix)
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("live leases %q", prefix), err)
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("live leases %q", prefix), err)
+	}
+	return names, nil
 }

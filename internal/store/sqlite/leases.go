@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -76,4 +77,32 @@ func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {
 		return dbErr(fmt.Sprintf("release lease %q", name), err)
 	}
 	return nil
+}
+
+// LiveLeases implements store.Store. Names compare as bytes (SQLite's
+// BINARY collation), so the names that begin with prefix are those from
+// prefix up to, not including, prefix followed by byte 0xFF, which no
+// UTF-8 text holds.
+func (s *Store) LiveLeases(ctx context.Context, prefix string) ([]string, error) {
+	if prefix == "" {
+		return nil, fmt.Errorf("live leases: prefix is required: %w", errdefs.ErrInvalidArgument)
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT name FROM leases WHERE name >= ? AND name < ? AND expires_at > ? ORDER BY name`,
+		prefix, prefix+"\xff", time.Now().UnixMicro())
+	if err != nil {
+		return nil, dbErr(fmt.Sprintf("live leases %q", prefix), err)
+	}
+	defer rows.Close()
+	var names []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			return nil, dbErr(fmt.Sprintf("live leases %q", prefix), err)
+		}
+		names = append(names, name)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, dbErr(fmt.Sprintf("live leases %q", prefix), err)
+	}
+	return names, nil
 }

@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -237,5 +238,44 @@ func testLeaseHolder(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 	if _, _, err := s.LeaseHolder(ctx, ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("LeaseHolder(\"\") = %v, want ErrInvalidArgument", err)
+	}
+}
+
+// testLiveLeases: the live leases under a prefix, and only those: not
+// released or expired ones, not a name that merely shares some letters.
+func testLiveLeases(t *testing.T, open func(t *testing.T) store.Store) {
+	s := open(t)
+	ctx := t.Context()
+	live := func(prefix string) []string {
+		t.Helper()
+		names, err := s.LiveLeases(ctx, prefix)
+		if err != nil {
+			t.Fatalf("LiveLeases(%q) = %v", prefix, err)
+		}
+		return names
+	}
+	if got := live("files/"); len(got) != 0 {
+		t.Errorf("no leases: %q", got)
+	}
+	for _, name := range []string{"files/t/s/b", "files/t/s/a", "files/t/s2/a", "files/t/sx", "filez/t/s/a", "files/t/s/é"} {
+		tryLease(t, s, name, "h", long)
+	}
+	tryLease(t, s, "files/t/s/c", "h", long)
+	if err := s.ReleaseLease(ctx, "files/t/s/c", "h"); err != nil {
+		t.Fatal(err)
+	}
+	tryLease(t, s, "files/t/s/d", "h", time.Microsecond)
+	time.Sleep(5 * time.Millisecond)
+	if got, want := live("files/t/s/"), []string{"files/t/s/a", "files/t/s/b", "files/t/s/é"}; !slices.Equal(got, want) {
+		t.Errorf("LiveLeases(files/t/s/) = %q, want %q", got, want)
+	}
+	if got := live("files/t/s2/"); !slices.Equal(got, []string{"files/t/s2/a"}) {
+		t.Errorf("LiveLeases(files/t/s2/) = %q", got)
+	}
+	if got := live("files/t/s/%"); len(got) != 0 {
+		t.Errorf("a prefix with a LIKE wildcard: %q", got)
+	}
+	if _, err := s.LiveLeases(ctx, ""); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("LiveLeases(\"\") = %v, want ErrInvalidArgument", err)
 	}
 }

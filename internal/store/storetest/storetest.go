@@ -59,6 +59,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"LeaseRelease", testLeaseRelease},
 		{"LeaseErrors", testLeaseErrors},
 		{"LeaseHolder", testLeaseHolder},
+		{"LiveLeases", testLiveLeases},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
