@@ -127,6 +127,7 @@ func TestReplicas(t *testing.T) {
 	t.Run("KillMidExecution", cl.testKillMidExecution)
 	t.Run("CancelElsewhere", cl.testCancelElsewhere)
 	t.Run("OutputElsewhere", cl.testOutputElsewhere)
+	t.Run("OutcomeIsFinal", cl.testOutcomeIsFinal)
 	t.Run("MixedTraffic", cl.testMixedTraffic)
 }
 

@@ -5,6 +5,7 @@ package app_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
+	"github.com/sbx-sandbox/sbx/internal/execution"
 )
 
 // testMixedTraffic: sessions used through every replica at once, with
@@ -243,17 +245,7 @@ func (cl *cluster) testCancelElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		x, err := cl.c(1).GetExecution(ctx, sub.ExecutionID)
-		if err == nil && x.Status == api.ExecRunning {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the execution never showed running through another replica: %s", describeExec(x, err))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	cl.waitRunning(t, 1, sub.ExecutionID)
 	start := time.Now()
 	x, err := cl.c(2).CancelExecution(ctx, sub.ExecutionID)
 	if err != nil || x.Status != api.ExecCancelled {
@@ -302,5 +294,61 @@ func (cl *cluster) testOutputElsewhere(t *testing.T) {
 	}
 	if _, err := cl.c(1).DeleteSession(ctx, sid); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testOutcomeIsFinal: an execution that another replica recorded as
+// failed while it ran (what the reaper's replica does when the runner's
+// liveness lease lapses, the store out of its reach for a while) keeps
+// that outcome when it ends: clients may have read it, and no replica,
+// the runner included, answers anything else afterwards.
+func (cl *cluster) testOutcomeIsFinal(t *testing.T) {
+	cl.ensureAll(t)
+	ctx := context.Background()
+	sid := "final-" + token()
+	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid, TemplateID: "python"})
+	sub, err := cl.c(0).Submit(ctx, sid, api.ExecuteRequest{Code: "import time\nprint('started', flush=True)\ntime.sleep(3)\nreturn 'ran'"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl.waitRunning(t, 1, sub.ExecutionID)
+	rec, err := cl.store.GetExecution(ctx, "default", sub.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	failed := api.Execution{ExecutionID: rec.ID, SessionID: sid, Language: rec.Language, CreatedAt: rec.CreatedAt, Status: api.ExecFailed, FinishedAt: &now, Artifacts: []string{},
+		Error: &api.ExecError{Type: execution.ErrTypeServerRestart, Message: "failed by the test, as for a lapsed replica"}}
+	rec.Status, rec.FinishedAt = api.ExecFailed, now
+	rec.Result, _ = json.Marshal(failed)
+	if err := cl.store.UpdateExecution(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	for i := range cl.reps {
+		x, err := cl.c(i).GetResult(ctx, sub.ExecutionID, true, 30*time.Second)
+		if err != nil || x.Status != api.ExecFailed || x.Error == nil || x.Error.Type != execution.ErrTypeServerRestart {
+			t.Errorf("replica %d, after the run ended: %s; want the failure recorded while it ran", i, describeExec(x, err))
+		}
+	}
+	// The session goes on.
+	cl.exec(t, 1, sid, api.ExecuteRequest{Code: "print(2)"})
+	if _, err := cl.c(2).DeleteSession(ctx, sid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitRunning waits until replica i says the execution is running.
+func (cl *cluster) waitRunning(t *testing.T, i int, id string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		x, err := cl.c(i).GetExecution(context.Background(), id)
+		if err == nil && x.Status == api.ExecRunning {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the execution never showed running through replica %d: %s", i, describeExec(x, err))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -171,7 +171,11 @@ func (s *Service) Recover(ctx context.Context) error {
 		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server running this execution stopped (a restart or a crash) while it was " + rec.Status + "; its outcome is unknown: submit it again"}
 		rec.Status, rec.FinishedAt = x.Status, now
 		rec.Result, _ = json.Marshal(x)
-		if err := s.opt.Store.UpdateExecution(ctx, rec); err != nil {
+		err := s.opt.Store.UpdateExecution(ctx, rec)
+		if errors.Is(err, errdefs.ErrConflict) || errors.Is(err, errdefs.ErrNotFound) {
+			continue // it ended (or went) since it was listed: that outcome stands
+		}
+		if err != nil {
 			return err
 		}
 		failed++
@@ -483,7 +487,22 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 	rec.FinishedAt = *x.FinishedAt
 	rec.Result, _ = json.Marshal(x)
 	r.flushMu.Lock() // after any write of the run's progress
-	if err := s.opt.Store.UpdateExecution(context.Background(), &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	err := s.opt.Store.UpdateExecution(context.Background(), &rec)
+	if errors.Is(err, errdefs.ErrConflict) {
+		// Another process wrote an outcome first: the replica running the
+		// reaper took this one for dead (its liveness lease lapsed) and
+		// failed the run, and clients may have read that. The record is
+		// final, and this process answers what it says too.
+		if cur, gerr := s.opt.Store.GetExecution(context.Background(), rec.Tenant, rec.ID); gerr == nil {
+			if fx, ferr := fromRecord(cur, true); ferr == nil {
+				s.log.Warn("an execution ended after another replica recorded its outcome; that outcome stands",
+					"execution", rec.ID, "ran", x.Status, "recorded", fx.Status)
+				x, rec = fx, *cur
+				err = nil
+			}
+		}
+	}
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		s.log.Error("recording execution result", "execution", rec.ID, "err", err)
 	}
 	r.finished = true
@@ -755,8 +774,10 @@ func (s *Service) flush(r *Run, first bool) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := s.opt.Store.UpdateExecution(ctx, &rec); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		s.log.Warn("recording a running execution's progress", "execution", rec.ID, "err", err)
+	if err := s.opt.Store.UpdateExecution(ctx, &rec); err != nil {
+		if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrConflict) { // gone, or failed by another replica
+			s.log.Warn("recording a running execution's progress", "execution", rec.ID, "err", err)
+		}
 		return
 	}
 	r.flushed = n

@@ -78,7 +78,11 @@ type Store interface {
 	// an execution has that id, in any tenant (execution ids are global).
 	CreateExecution(ctx context.Context, x *Execution) error
 	// UpdateExecution replaces every field of the execution (x.Tenant,
-	// x.ID); errdefs.ErrNotFound if the tenant has no execution with that id.
+	// x.ID); errdefs.ErrNotFound if the tenant has no execution with that
+	// id. A finished execution (any status but pending and running) is
+	// final: updating it is errdefs.ErrConflict, so that the outcome one
+	// process wrote (a run that ended, the failure of a dead replica's run)
+	// is never replaced by another's.
 	UpdateExecution(ctx context.Context, x *Execution) error
 	// GetExecution returns the tenant's execution; errdefs.ErrNotFound if
 	// absent, and also when the execution belongs to another tenant.

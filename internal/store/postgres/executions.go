@@ -46,12 +46,16 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE executions SET session_id = $3, status = $4, language = $5, conversation_id = $6,
 		context_id = $7, request = $8, result = $9, created_at = $10, started_at = $11, finished_at = $12, owner = $13
-		WHERE id = $1 AND tenant = $2`, args...)
+		WHERE id = $1 AND tenant = $2 AND status IN ('pending', 'running')`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrNotFound)
+		// Absent, or finished: say which.
+		if _, err := s.GetExecution(ctx, x.Tenant, x.ID); err != nil {
+			return err
+		}
+		return fmt.Errorf("execution %q is finished; its record is final: %w", x.ID, errdefs.ErrConflict)
 	}
 	return nil
 }

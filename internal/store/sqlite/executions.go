@@ -44,14 +44,18 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 	args = append(args[2:], x.ID, x.Tenant)
 	res, err := s.w.ExecContext(ctx, `UPDATE executions SET session_id = ?, status = ?, language = ?, conversation_id = ?,
 		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?, owner = ?
-		WHERE id = ? AND tenant = ?`, args...)
+		WHERE id = ? AND tenant = ? AND status IN ('pending', 'running')`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
 	}
 	if n, err := res.RowsAffected(); err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
 	} else if n == 0 {
-		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrNotFound)
+		// Absent, or finished: say which.
+		if _, err := s.GetExecution(ctx, x.Tenant, x.ID); err != nil {
+			return err
+		}
+		return fmt.Errorf("execution %q is finished; its record is final: %w", x.ID, errdefs.ErrConflict)
 	}
 	return nil
 }

@@ -40,16 +40,17 @@ func testExecutionCRUD(t *testing.T, open func(t *testing.T) store.Store) {
 	if got.Result != nil || !got.StartedAt.IsZero() || !got.FinishedAt.IsZero() {
 		t.Errorf("unfinished execution: Result %q, StartedAt %v, FinishedAt %v; want nil and zero", got.Result, got.StartedAt, got.FinishedAt)
 	}
-	// Each step of an execution's life replaces the record.
+	// Each step of an execution's life replaces the record, every field.
 	for _, step := range []func(x *store.Execution){
 		func(x *store.Execution) { x.Status, x.StartedAt = "running", t0.Add(time.Millisecond) },
 		func(x *store.Execution) {
-			x.Status, x.FinishedAt = "completed", t0.Add(time.Second)
-			x.Result = json.RawMessage(`{"stdout":"1\n","exit_code":0}`)
+			x.SessionID, x.Language, x.ConversationID, x.ContextID, x.Owner = "s2", "node", "", "", "replica-2"
+			x.Request, x.StartedAt = nil, time.Time{}
+			x.Result = json.RawMessage(`{"stdout":"so far"}`)
 		},
 		func(x *store.Execution) {
-			x.SessionID, x.Language, x.ConversationID, x.ContextID, x.Owner = "s2", "node", "", "", "replica-2"
-			x.Request, x.Result, x.StartedAt = nil, nil, time.Time{}
+			x.Status, x.FinishedAt = "completed", t0.Add(time.Second)
+			x.Result = json.RawMessage(`{"stdout":"1\n","exit_code":0}`)
 		},
 	} {
 		step(x)
@@ -63,6 +64,21 @@ func testExecutionCRUD(t *testing.T, open func(t *testing.T) store.Store) {
 		if d := diffExecution(got, x); d != "" {
 			t.Errorf("after update to %s: %s", x.Status, d)
 		}
+	}
+	// Finished, the record is final: neither a late progress write nor
+	// another outcome replaces it.
+	want := *x
+	for _, status := range []string{"running", "failed"} {
+		late := want
+		late.Status, late.Result = status, json.RawMessage(`{"error":"late"}`)
+		if err := s.UpdateExecution(ctx, &late); !errors.Is(err, errdefs.ErrConflict) {
+			t.Errorf("UpdateExecution of a finished execution to %s = %v, want ErrConflict", status, err)
+		}
+	}
+	if got, err := s.GetExecution(ctx, "t1", "x1"); err != nil {
+		t.Fatal(err)
+	} else if d := diffExecution(got, &want); d != "" {
+		t.Errorf("a finished execution after refused updates: %s", d)
 	}
 }
 
