@@ -17,7 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/session"
+	sbxsandbox "github.com/sbx-sandbox/sbx/internal/sandbox"
 )
 
 var hibernated = flag.Int("hibernated", 10000, "sessions to hibernate for the hibernated-sessions measure")
@@ -197,7 +197,7 @@ func mustExec(ctx context.Context, c *client.Client, id, code string) {
 func sandboxOf(ctx context.Context, rt runtime.Runtime, id string) string {
 	infos, _ := rt.List(ctx)
 	for _, info := range infos {
-		if info.Labels[session.LabelSession] == id {
+		if info.Labels[sbxsandbox.LabelSession] == id {
 			return info.ID
 		}
 	}

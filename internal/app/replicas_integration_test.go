@@ -35,7 +35,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store/postgres"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 	"github.com/sbx-sandbox/sbx/internal/testenv/miniotest"
@@ -395,7 +395,7 @@ func (cl *cluster) sandboxesOf(t *testing.T, sid string) []runtime.Info {
 	}
 	var out []runtime.Info
 	for _, info := range infos {
-		if info.Labels[session.LabelSession] == sid {
+		if info.Labels[sandbox.LabelSession] == sid {
 			out = append(out, info)
 		}
 	}

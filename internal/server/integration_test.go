@@ -25,7 +25,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
@@ -324,7 +324,7 @@ func (rs *realServer) sandboxState(t *testing.T, sid string) runtime.State {
 		t.Fatal(err)
 	}
 	for _, info := range infos {
-		if info.Labels[session.LabelSession] == sid {
+		if info.Labels[sandbox.LabelSession] == sid {
 			return info.State
 		}
 	}
@@ -339,7 +339,7 @@ func (rs *realServer) sandboxesOf(t *testing.T, sid string) int {
 	}
 	n := 0
 	for _, info := range infos {
-		if info.Labels[session.LabelSession] == sid {
+		if info.Labels[sandbox.LabelSession] == sid {
 			n++
 		}
 	}

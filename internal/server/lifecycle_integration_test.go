@@ -24,7 +24,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
-	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
 
@@ -285,7 +285,7 @@ func TestSandboxKilledFromOutside(t *testing.T) {
 	kill := func() {
 		infos, _ := rs.rt.List(ctx)
 		for _, info := range infos {
-			if info.Labels[session.LabelSession] == "victim" {
+			if info.Labels[sandbox.LabelSession] == "victim" {
 				if err := rs.rt.Stop(ctx, info.ID); err != nil {
 					t.Fatal(err)
 				}
@@ -448,7 +448,7 @@ func countSandboxes(t *testing.T, state string) map[string]int {
 	}
 	out := map[string]int{}
 	for _, info := range infos {
-		out[info.Labels[session.LabelSession]]++
+		out[info.Labels[sandbox.LabelSession]]++
 	}
 	return out
 }
@@ -475,7 +475,7 @@ func TestWarmPool(t *testing.T) {
 		out := map[string]bool{}
 		infos, _ := rs.rt.List(ctx)
 		for _, info := range infos {
-			if info.Labels[session.LabelPool] != "" {
+			if info.Labels[sandbox.LabelPool] != "" {
 				out[info.ID] = true
 			}
 		}

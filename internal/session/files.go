@@ -319,7 +319,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			}
 			continue
 		}
-		ws, err := workspace.Open(m.ws.dir(k), m.opt.Owners)
+		ws, err := workspace.Open(m.ws.Dir(k.tenant, k.id), m.opt.Owners)
 		if err != nil {
 			f.release()
 			return nil, nil, err

@@ -16,6 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
@@ -82,7 +83,7 @@ func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*s
 		return nil, err
 	}
 	if e.sbState == sandboxRunning {
-		err := e.sb.rt.Pause(ctx, e.sb.id)
+		err := e.sb.Runtime.Pause(ctx, e.sb.ID)
 		if err == nil || isState(err, runtime.StatePaused) {
 			err = e.moveSandbox(sandboxPaused, nil, nil)
 		}
@@ -147,8 +148,8 @@ func isState(err error, state runtime.State) bool {
 
 // resume thaws sb; one that is running already is fine (a crash between
 // a pause's record and its freeze, or another replica thawed it).
-func resume(ctx context.Context, sb *sandbox) error {
-	if err := sb.rt.Resume(ctx, sb.id); err != nil && !isState(err, runtime.StateRunning) {
+func resume(ctx context.Context, sb *sandbox.Sandbox) error {
+	if err := sb.Runtime.Resume(ctx, sb.ID); err != nil && !isState(err, runtime.StateRunning) {
 		return err
 	}
 	return nil
@@ -211,9 +212,9 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 			// Gone: a replica that died between destroying it for a
 			// hibernation and recording that, or a kill from outside. The
 			// session goes on with a new sandbox, as for a lost one.
-			m.log.Warn("a paused session's sandbox is gone; a new one starts over the same workspace", "session", k.id, "sandbox", e.sb.id)
+			m.log.Warn("a paused session's sandbox is gone; a new one starts over the same workspace", "session", k.id, "sandbox", e.sb.ID)
 			m.opt.Events("lost")
-			e.drop().client.Close()
+			e.drop().Client.Close()
 			e.unlock()
 			if rec.SandboxID != "" {
 				if err := m.clearLost(ctx, rec); err != nil {
@@ -330,7 +331,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	sb, prev := e.held(), e.snap
 	frozen := false
 	if e.sbState == sandboxRunning {
-		err := sb.rt.Pause(ctx, sb.id)
+		err := sb.Runtime.Pause(ctx, sb.ID)
 		if err == nil || isState(err, runtime.StatePaused) {
 			err = e.moveSandbox(sandboxPaused, nil, nil)
 		}
@@ -344,13 +345,13 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	e.saving = true
 	e.unlock()
 	if sb == nil && rec.SandboxID != "" {
-		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 		rec.SandboxID = ""
 		if err := m.save(ctx, rec); err != nil {
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
 		}
 	}
-	_, st, err := m.opt.Snapshots.Save(ctx, m.ws.dir(k), hibernatedKey(k), prev)
+	_, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), hibernatedKey(k), prev)
 	m.AddStored(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
@@ -368,14 +369,14 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	}
 	e.unlock()
 	if sb != nil && mine {
-		m.sbx.destroy(ctx, sb)
+		m.sbx.Destroy(ctx, sb)
 	}
 	rec.SandboxID = ""
 	rec, err = m.move(ctx, rec, api.StatusHibernated, "")
 	if err != nil {
 		return nil, err
 	}
-	if err := m.ws.discard(m.ws.dir(k)); err != nil {
+	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
 	}
 	m.opt.Events("hibernate")
@@ -386,7 +387,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 // host and makes it running. The caller holds the session's lock.
 func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
 	k := key{rec.Tenant, rec.ID}
-	dir := m.ws.dir(k)
+	dir := m.ws.Dir(k.tenant, k.id)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
 		if m.opt.Snapshots == nil {
 			return nil, fmt.Errorf("session %q is hibernated and this server has no blob store: %w", rec.ID, errdefs.ErrUnavailable)
@@ -395,12 +396,12 @@ func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*s
 		if err != nil {
 			return nil, err
 		}
-		fresh, _, err := m.ws.restore(ctx, hibernatedKey(k), s.Config.Resources.Disk)
+		fresh, _, err := m.ws.Restore(ctx, hibernatedKey(k), s.Config.Resources.Disk)
 		if err != nil {
 			return nil, fmt.Errorf("session %q: restoring its hibernated workspace: %w", rec.ID, err)
 		}
 		if err := os.Rename(fresh, dir); err != nil {
-			m.ws.remove(context.WithoutCancel(ctx), fresh)
+			m.ws.Remove(context.WithoutCancel(ctx), fresh)
 			return nil, fmt.Errorf("session %q: putting its restored workspace in place: %w", rec.ID, err)
 		}
 	} else if err != nil {
@@ -486,13 +487,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	e.mu.Lock()
 	sb, prev := e.held(), e.snap
 	if e.sbState == sandboxRunning {
-		if err := sb.rt.Pause(ctx, sb.id); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
+		if err := sb.Runtime.Pause(ctx, sb.ID); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
 			defer m.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 	}
 	e.unlock()
 	sid := newSnapshotID()
-	mf, st, err := m.opt.Snapshots.Save(ctx, m.ws.dir(k), snapshotKey(k, sid), prev)
+	mf, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), snapshotKey(k, sid), prev)
 	m.AddStored(tenant, st.NewBytes+st.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
@@ -507,7 +508,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 
 // thaw resumes sb, frozen for a snapshot, unless it is no longer the
 // session's sandbox.
-func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox) {
+func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox.Sandbox) {
 	e.mu.Lock()
 	defer e.unlock()
 	if e.sb != sb || e.sbState != sandboxPaused {
@@ -643,27 +644,27 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 	e.snap = nil
 	e.unlock()
 	if sb != nil {
-		m.sbx.destroy(ctx, sb)
+		m.sbx.Destroy(ctx, sb)
 	} else if rec.SandboxID != "" {
-		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 	}
 	rec.SandboxID = ""
 	s, err := m.decode(rec)
 	if err != nil {
 		return nil, err
 	}
-	fresh, _, err := m.ws.restore(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
+	fresh, _, err := m.ws.Restore(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
 	if err != nil {
 		if serr := m.save(ctx, rec); serr != nil {
 			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
 		}
 		return nil, fmt.Errorf("session %q: restoring snapshot %s: %w", id, sid, err)
 	}
-	dir := m.ws.dir(k)
+	dir := m.ws.Dir(k.tenant, k.id)
 	err = unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
 	switch {
 	case err == nil:
-		if err := m.ws.discard(fresh); err != nil { // now the old workspace
+		if err := m.ws.Discard(fresh); err != nil { // now the old workspace
 			m.log.Error("removing a replaced workspace", "session", id, "err", err)
 		}
 	case errors.Is(err, unix.ENOENT): // hibernated: no workspace on the host
@@ -671,7 +672,7 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 			return nil, err
 		}
 	default:
-		m.ws.remove(context.WithoutCancel(ctx), fresh)
+		m.ws.Remove(context.WithoutCancel(ctx), fresh)
 		return nil, fmt.Errorf("session %q: putting the restored workspace in place: %w", id, err)
 	}
 	if rec.Status == api.StatusHibernated {

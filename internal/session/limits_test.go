@@ -16,6 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -24,7 +25,7 @@ func withLimits(m *Manager, per map[string]Limits) {
 }
 
 func TestSessionQuotas(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"small": {Sessions: 5, DiskMB: 1000}})
 	ctx := context.Background()
 
@@ -76,7 +77,7 @@ func TestSessionQuotas(t *testing.T) {
 }
 
 func TestSandboxQuotas(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	withLimits(m, map[string]Limits{"t": {Sandboxes: 2, MemoryMB: 1500, CPU: 1.5}})
 	ctx := context.Background()
@@ -131,7 +132,7 @@ func TestSandboxQuotas(t *testing.T) {
 }
 
 func TestHistoryLimit(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"t": {History: 7}})
 	if m.History("t") != 7 || m.History("u") != 0 {
 		t.Errorf("History = %d, %d", m.History("t"), m.History("u"))
@@ -139,7 +140,7 @@ func TestHistoryLimit(t *testing.T) {
 }
 
 func TestSnapshotLimit(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"t": {Snapshots: 2}})
 	ctx := context.Background()
 	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
@@ -168,7 +169,7 @@ func TestSnapshotLimit(t *testing.T) {
 // and bounded: snapshots are refused at the limit until the collector has
 // removed what deleted ones held, and other tenants are not affected.
 func TestStoredLimit(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"t": {StoredMB: 4}, "u": {StoredMB: 4}})
 	ctx := context.Background()
 	for _, tenant := range []string{"t", "u"} {
@@ -180,7 +181,7 @@ func TestStoredLimit(t *testing.T) {
 		t.Helper()
 		b := make([]byte, 3<<20)
 		rand.Read(b)
-		if err := os.WriteFile(filepath.Join(m.ws.dir(key{tenant, "s"}), name), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(m.ws.Dir(tenant, "s"), name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -215,7 +216,7 @@ func TestStoredLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Remove(filepath.Join(m.ws.dir(key{"t", "s"}), "0")); err != nil {
+	if err := os.Remove(filepath.Join(m.ws.Dir("t", "s"), "0")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.opt.Snapshots.Collect(ctx, 0); err != nil {
@@ -230,7 +231,7 @@ func TestStoredLimit(t *testing.T) {
 // A session's snapshots are listed by id (which is by time), and go with
 // the session.
 func TestSnapshotsListedAndDropped(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	ctx := context.Background()
 	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
 		t.Fatal(err)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 )
 
 // quotaCases run a benchmark without quotas and with btrfs ones, on the
@@ -27,7 +28,7 @@ func quotaCases(b *testing.B, run func(b *testing.B, configure func(*Options))) 
 // workspace (a directory, or a subvolume with its limit).
 func BenchmarkCreateSession(b *testing.B) {
 	quotaCases(b, func(b *testing.B, configure func(*Options)) {
-		m := newManager(b, newFake(), configure)
+		m := newManager(b, runtimetest.NewFake(), configure)
 		ctx := context.Background()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
@@ -42,7 +43,7 @@ func BenchmarkCreateSession(b *testing.B) {
 // workspace with an upload moves into a pooled one.
 func BenchmarkClaimMove(b *testing.B) {
 	quotaCases(b, func(b *testing.B, configure func(*Options)) {
-		m := newManager(b, newFake(), configure)
+		m := newManager(b, runtimetest.NewFake(), configure)
 		ctx := context.Background()
 		if err := os.MkdirAll(filepath.Join(m.opt.WorkspaceDir, "t"), 0o711); err != nil {
 			b.Fatal(err)
@@ -51,7 +52,7 @@ func BenchmarkClaimMove(b *testing.B) {
 			b.StopTimer()
 			pool, ws := filepath.Join(m.opt.WorkspaceDir, fmt.Sprint("p", i)), filepath.Join(m.opt.WorkspaceDir, "t", fmt.Sprint("s", i))
 			for _, d := range []string{pool, ws} {
-				if err := m.ws.make(ctx, d, 100); err != nil {
+				if err := m.ws.Make(ctx, d, 100); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -59,7 +60,7 @@ func BenchmarkClaimMove(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			if err := m.ws.moveInto(pool, ws); err != nil {
+			if err := m.ws.MoveInto(pool, ws); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -70,18 +71,18 @@ func BenchmarkClaimMove(b *testing.B) {
 // moved: the moved bytes count against the pooled directory's limit.
 func TestClaimMoveKeepsQuota(t *testing.T) {
 	q, root := quotatest.Mount(t)
-	m := newManager(t, newFake(), func(o *Options) { o.Quota, o.WorkspaceDir = q, root })
+	m := newManager(t, runtimetest.NewFake(), func(o *Options) { o.Quota, o.WorkspaceDir = q, root })
 	ctx := context.Background()
 	pool, ws := filepath.Join(root, "pool"), filepath.Join(root, "ws")
 	for _, d := range []string{pool, ws} {
-		if err := m.ws.make(ctx, d, 16); err != nil {
+		if err := m.ws.Make(ctx, d, 16); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := os.WriteFile(filepath.Join(ws, "big"), make([]byte, 12<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ws.moveInto(pool, ws); err != nil {
+	if err := m.ws.MoveInto(pool, ws); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(ws, "big")); err != nil {

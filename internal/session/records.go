@@ -141,15 +141,15 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		return nil, false, err
 	}
 	// Every uid of the sandbox must be able to traverse the parents.
-	if err := os.MkdirAll(filepath.Dir(m.ws.dir(k)), 0o711); err != nil {
+	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o711); err != nil {
 		return nil, false, err
 	}
 	// A workspace left by a session of this id that a crash kept from
 	// being removed is not this session's.
-	if err := m.ws.discard(m.ws.dir(k)); err != nil {
+	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		return nil, false, err
 	}
-	if err := m.ws.make(ctx, m.ws.dir(k), cfg.Resources.Disk); err != nil {
+	if err := m.ws.Make(ctx, m.ws.Dir(k.tenant, k.id), cfg.Resources.Disk); err != nil {
 		return nil, false, fmt.Errorf("session %q: workspace: %w", req.SessionID, err)
 	}
 	if err := m.opt.Store.CreateSession(ctx, rec); err != nil {
@@ -241,14 +241,14 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 			st.cancel()
 		}
 		if sb != nil {
-			held = sb.id
-			m.sbx.destroy(ctx, sb)
+			held = sb.ID
+			m.sbx.Destroy(ctx, sb)
 		}
 	}
 	if rec.SandboxID != "" && rec.SandboxID != held {
-		m.sbx.destroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
 	}
-	if err := m.ws.discard(m.ws.dir(k)); err != nil {
+	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing workspace", "session", k.id, "err", err)
 	}
 	m.dropSnapshots(ctx, k)

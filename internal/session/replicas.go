@@ -8,6 +8,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -53,7 +54,7 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 		return nil
 	}
 	if sb := e.held(); sb != nil {
-		if sb.id == rec.SandboxID && rec.Status != api.StatusTerminated {
+		if sb.ID == rec.SandboxID && rec.Status != api.StatusTerminated {
 			// Another replica may have frozen or thawed it: the record
 			// says which (a frozen one marked running is thawed by the
 			// next wake-up, which resumes it whatever it is).
@@ -65,7 +66,7 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 			e.unlock()
 			return err
 		}
-		sb.client.Close()
+		sb.Client.Close()
 		e.drop()
 	}
 	e.unlock()
@@ -89,8 +90,8 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 // or a previous process). One that is gone, or stopped, is destroyed and
 // cleared from the record (nil), so that the next start makes a new one
 // over the same workspace. The caller holds the session's lock.
-func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox, frozen bool, err error) {
-	sb, frozen, res, err := m.sbx.reattach(ctx, rec.TemplateID, rec.SandboxID)
+func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox.Sandbox, frozen bool, err error) {
+	sb, frozen, res, err := m.sbx.Reattach(ctx, rec.TemplateID, rec.SandboxID)
 	if err != nil {
 		return nil, false, err
 	}
@@ -134,9 +135,9 @@ func (m *Manager) touchIf(ctx context.Context, k key, ok func(*store.Session) bo
 
 // confirm checks, for an execution about to use sb, that the record still
 // names it running, and records the activity in the same write.
-func (m *Manager) confirm(ctx context.Context, e *entry, sb *sandbox) error {
+func (m *Manager) confirm(ctx context.Context, e *entry, sb *sandbox.Sandbox) error {
 	err := m.touchIf(ctx, e.key, func(rec *store.Session) bool {
-		return rec.SandboxID == sb.id && rec.Status == api.StatusRunning
+		return rec.SandboxID == sb.ID && rec.Status == api.StatusRunning
 	})
 	if err == nil {
 		e.mu.Lock()
@@ -223,7 +224,7 @@ const sweepEvery = time.Minute
 
 // sweep destroys the sandboxes of dead replicas that no record names.
 func (m *Manager) sweep(ctx context.Context) {
-	m.sbx.sweep(ctx, func(ctx context.Context) (map[string]bool, error) {
+	m.sbx.Sweep(ctx, func(ctx context.Context) (map[string]bool, error) {
 		recs, err := m.opt.Store.ListSandboxSessions(ctx)
 		if err != nil {
 			return nil, err

@@ -11,12 +11,14 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
 // replicas returns two managers that serve the same sessions: one store,
 // one workspace directory, one runtime, as replicas on one host do.
-func replicas(t *testing.T, rt *fakeRuntime) (a, b *Manager) {
+func replicas(t *testing.T, rt *runtimetest.Fake) (a, b *Manager) {
 	t.Helper()
 	a = newManager(t, rt, func(o *Options) { o.Replica = "a" })
 	b = newManager(t, rt, func(o *Options) {
@@ -28,7 +30,7 @@ func replicas(t *testing.T, rt *fakeRuntime) (a, b *Manager) {
 
 // withSandbox creates session id of tenant t through m and gives it a
 // (fake) running sandbox, sbx-ID, as a start would.
-func withSandbox(t *testing.T, m *Manager, rt *fakeRuntime, id string) {
+func withSandbox(t *testing.T, m *Manager, rt *runtimetest.Fake, id string) {
 	t.Helper()
 	if _, _, err := m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: id}); err != nil {
 		t.Fatal(err)
@@ -37,7 +39,7 @@ func withSandbox(t *testing.T, m *Manager, rt *fakeRuntime, id string) {
 }
 
 func TestReplicaLockIsExclusive(t *testing.T) {
-	a, b := replicas(t, newFake())
+	a, b := replicas(t, runtimetest.NewFake())
 	ctx := context.Background()
 	k := key{"t", "s"}
 	unlock, err := a.locks.lock(ctx, k)
@@ -83,7 +85,7 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 // A session paused through one replica, whose sandbox another holds, is
 // thawed by that other's next execution: the record decides.
 func TestReplicaPauseElsewhere(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
@@ -98,8 +100,8 @@ func TestReplicaPauseElsewhere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Status != api.StatusPaused || rt.count(runtime.StatePaused) != 1 {
-		t.Fatalf("after b's pause: status %s, %d frozen", s.Status, rt.count(runtime.StatePaused))
+	if s.Status != api.StatusPaused || rt.Count(runtime.StatePaused) != 1 {
+		t.Fatalf("after b's pause: status %s, %d frozen", s.Status, rt.Count(runtime.StatePaused))
 	}
 	// a still thinks it running; its execution must not use it frozen.
 	l, err = a.Acquire(ctx, "t", "s")
@@ -107,8 +109,8 @@ func TestReplicaPauseElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Release()
-	if rt.count(runtime.StateRunning) != 1 || l.SandboxID != "sbx-s" {
-		t.Fatalf("a's execution got %s with %d running", l.SandboxID, rt.count(runtime.StateRunning))
+	if rt.Count(runtime.StateRunning) != 1 || l.SandboxID != "sbx-s" {
+		t.Fatalf("a's execution got %s with %d running", l.SandboxID, rt.Count(runtime.StateRunning))
 	}
 	if s, _ := b.Get(ctx, "t", "s"); s.Status != api.StatusRunning {
 		t.Fatalf("status after a's execution: %s", s.Status)
@@ -127,7 +129,7 @@ func TestReplicaPauseElsewhere(t *testing.T) {
 // The reaper's pause of an idle session gives way to activity written
 // after it read the record: an execution elsewhere started in between.
 func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
@@ -150,7 +152,7 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 	if _, err := b.freeze(ctx, rec, true); !errors.As(err, new(*TransitionError)) {
 		t.Fatalf("idle pause after activity: %v", err)
 	}
-	if rt.count(runtime.StatePaused) != 0 {
+	if rt.Count(runtime.StatePaused) != 0 {
 		t.Fatal("the sandbox was frozen under a's execution")
 	}
 	if s, _ := a.Get(ctx, "t", "s"); s.Status != api.StatusRunning {
@@ -161,14 +163,14 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 // A sandbox another replica hibernated away is let go, not used: the
 // record no longer names it.
 func TestReplicaHibernateElsewhere(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	if _, err := b.Hibernate(ctx, "t", "s"); err != nil {
 		t.Fatal(err)
 	}
-	if n := rt.count(runtime.StateRunning) + rt.count(runtime.StatePaused); n != 0 {
+	if n := rt.Count(runtime.StateRunning) + rt.Count(runtime.StatePaused); n != 0 {
 		t.Fatalf("%d sandboxes left after hibernation", n)
 	}
 	e := a.entry(key{"t", "s"})
@@ -195,7 +197,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 // A sandbox the record names that a replica does not hold is adopted
 // when it is live, and cleared from the record when it is gone.
 func TestReplicaAdoptOrClear(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	for _, id := range []string{"live", "gone"} {
@@ -226,7 +228,7 @@ func TestReplicaAdoptOrClear(t *testing.T) {
 // The reaper's replica destroys what dead replicas started and no record
 // names, and nothing else.
 func TestReplicaSweep(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a := newManager(t, rt, func(o *Options) {
 		o.Replica, o.Instance = "a", "inst"
 		o.Alive = func(_ context.Context, r string) (bool, error) { return r != "dead", nil }
@@ -234,17 +236,17 @@ func TestReplicaSweep(t *testing.T) {
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s") // sbx-s, recorded
 	lab := func(replica string, kv ...string) map[string]string {
-		l := map[string]string{LabelInstance: "inst", LabelReplica: replica}
+		l := map[string]string{sandbox.LabelInstance: "inst", sandbox.LabelReplica: replica}
 		for i := 0; i < len(kv); i += 2 {
 			l[kv[i]] = kv[i+1]
 		}
 		return l
 	}
-	rt.labelled("sbx-s", lab("dead", LabelTenant, "t", LabelSession, "s"))
-	rt.labelled("unrecorded-start", lab("dead", LabelTenant, "t", LabelSession, "s"))
-	rt.labelled("dead-pool", lab("dead", LabelPool, "python"))
-	rt.labelled("live-pool", lab("b", LabelPool, "python"))
-	rt.labelled("other-instance", map[string]string{LabelInstance: "other", LabelReplica: "dead", LabelPool: "python"})
+	rt.Labelled("sbx-s", lab("dead", sandbox.LabelTenant, "t", sandbox.LabelSession, "s"))
+	rt.Labelled("unrecorded-start", lab("dead", sandbox.LabelTenant, "t", sandbox.LabelSession, "s"))
+	rt.Labelled("dead-pool", lab("dead", sandbox.LabelPool, "python"))
+	rt.Labelled("live-pool", lab("b", sandbox.LabelPool, "python"))
+	rt.Labelled("other-instance", map[string]string{sandbox.LabelInstance: "other", sandbox.LabelReplica: "dead", sandbox.LabelPool: "python"})
 	a.sweep(ctx)
 	for id, want := range map[string]bool{"sbx-s": true, "unrecorded-start": false, "dead-pool": false, "live-pool": true, "other-instance": true} {
 		if _, err := rt.Inspect(ctx, id); (err == nil) != want {
@@ -257,7 +259,7 @@ func TestReplicaSweep(t *testing.T) {
 // destroying it for a hibernation and recording that) wakes up without
 // it, rather than failing every call on a thaw of nothing.
 func TestWakeUpSandboxGone(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
@@ -281,7 +283,7 @@ func TestWakeUpSandboxGone(t *testing.T) {
 // writes would be lost with the hibernated directory. Once it is closed
 // the hibernation goes through, and the file comes back with the restore.
 func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	a, b := replicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")

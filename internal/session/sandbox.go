@@ -12,6 +12,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -25,7 +26,7 @@ type Lease struct {
 
 	m    *Manager
 	e    *entry
-	sb   *sandbox
+	sb   *sandbox.Sandbox
 	once sync.Once
 }
 
@@ -44,13 +45,13 @@ func (l *Lease) Release() {
 // sandbox is let go: the session's next call starts a new one over the
 // same workspace.
 func (l *Lease) Lost(ctx context.Context) bool {
-	info, err := l.sb.rt.Inspect(ctx, l.sb.id)
+	info, err := l.sb.Runtime.Inspect(ctx, l.sb.ID)
 	if err == nil && info.State == runtime.StatePaused {
 		return false // frozen (a snapshot, another replica's pause): alive
 	}
 	if err == nil && info.State == runtime.StateRunning {
 		hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, herr := l.sb.client.Health(hctx)
+		_, herr := l.sb.Client.Health(hctx)
 		cancel()
 		if herr == nil {
 			return false
@@ -58,7 +59,7 @@ func (l *Lease) Lost(ctx context.Context) bool {
 	} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return false // cannot tell
 	}
-	l.m.log.Warn("sandbox lost; the next call starts a new one", "session", l.e.id, "sandbox", l.sb.id)
+	l.m.log.Warn("sandbox lost; the next call starts a new one", "session", l.e.id, "sandbox", l.sb.ID)
 	l.m.opt.Events("lost")
 	l.e.mu.Lock()
 	mine := l.e.held() == l.sb
@@ -67,8 +68,8 @@ func (l *Lease) Lost(ctx context.Context) bool {
 	}
 	l.e.unlock()
 	if mine {
-		l.m.sbx.destroy(context.WithoutCancel(ctx), l.sb)
-		l.m.forget(l.e.key, l.sb.id)
+		l.m.sbx.Destroy(context.WithoutCancel(ctx), l.sb)
+		l.m.forget(l.e.key, l.sb.ID)
 	}
 	return true
 }
@@ -112,7 +113,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 		if sb := e.held(); sb != nil && e.sbState == sandboxRunning {
 			e.active++
 			e.unlock()
-			l := &Lease{Client: sb.client, SandboxID: sb.id, m: m, e: e, sb: sb}
+			l := &Lease{Client: sb.Client, SandboxID: sb.ID, m: m, e: e, sb: sb}
 			if !m.shared() {
 				m.touch(ctx, k)
 				return l, nil
@@ -208,7 +209,7 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 // outcome. Waiters on st learn it. A delete cancels ctx.
 func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) {
 	defer close(st.done)
-	var sb *sandbox
+	var sb *sandbox.Sandbox
 	unlock, err := m.locks.lock(ctx, e.key)
 	if err == nil {
 		defer unlock()
@@ -229,7 +230,7 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 	e.unlock()
 	if err != nil {
 		if sb != nil {
-			m.sbx.destroy(context.Background(), sb)
+			m.sbx.Destroy(context.Background(), sb)
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
@@ -247,7 +248,7 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 // startOrAdopt gives the session a sandbox: the live one its record
 // names (another replica started it meanwhile), or a new one. The caller
 // holds the session's lock.
-func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sandbox, error) {
+func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sandbox.Sandbox, error) {
 	rec, err := m.opt.Store.GetSession(ctx, s.Tenant, s.ID)
 	if err != nil {
 		return nil, err
@@ -274,8 +275,8 @@ func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sand
 
 // fromPool gives the session a sandbox from its template's warm pool, if
 // it can have one, and records it. The caller holds the session's lock.
-func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
-	if len(m.sbx.pools) == 0 {
+func (m *Manager) fromPool(e *entry, s *Session) *sandbox.Sandbox {
+	if !m.sbx.Pooling() {
 		return nil
 	}
 	e.mu.Lock()
@@ -285,14 +286,14 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
 	}
 	e.claiming = true
 	e.unlock()
-	pd, ok := m.sbx.claim(s)
+	pd, ok := m.sbx.Claim(request(s))
 	e.mu.Lock()
 	e.claiming = false
 	if ok {
-		if err := e.moveSandbox(sandboxRunning, pd.sb, nil); err != nil {
+		if err := e.moveSandbox(sandboxRunning, pd.Sandbox, nil); err != nil {
 			m.log.Error("warm pool: claiming a sandbox", "session", e.id, "err", err)
 			ok = false
-			defer m.sbx.dropPooled(pd)
+			defer m.sbx.DropPooled(pd)
 		}
 	}
 	e.unlock()
@@ -305,16 +306,16 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox {
 	if err == nil {
 		var cur *Session
 		if cur, err = m.decode(rec); err == nil {
-			cur.Config.TemplateHash = pd.hash
+			cur.Config.TemplateHash = pd.Build
 			rec.Config, _ = json.Marshal(cur.Config)
-			rec.SandboxID = pd.sb.id
+			rec.SandboxID = pd.Sandbox.ID
 			_, err = m.move(ctx, rec, api.StatusRunning, "")
 		}
 	}
 	if err != nil {
 		m.log.Error("recording a sandbox from the warm pool", "session", e.id, "err", err)
 	}
-	return pd.sb
+	return pd.Sandbox
 }
 
 // sandboxes counts the sandboxes this server has or is starting.
@@ -325,24 +326,32 @@ func (m *Manager) sandboxes() int {
 
 // recordStart writes the outcome of a sandbox start to the store, unless
 // the session was deleted meanwhile. The caller holds the session's lock.
-func (m *Manager) recordStart(k key, status, msg string, sb *sandbox) {
+func (m *Manager) recordStart(k key, status, msg string, sb *sandbox.Sandbox) {
 	ctx := context.Background()
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil || rec.Status == api.StatusTerminated {
 		return
 	}
 	if sb != nil && status == api.StatusRunning {
-		rec.SandboxID = sb.id
+		rec.SandboxID = sb.ID
 	}
 	if _, err := m.move(ctx, rec, status, msg); err != nil {
 		m.log.Error("recording sandbox start", "session", k.id, "err", err)
 	}
 }
 
+// request is what the session asks of its sandbox.
+func request(s *Session) sandbox.Request {
+	return sandbox.Request{
+		Tenant: s.Tenant, Session: s.ID, Template: s.TemplateID, Build: s.Config.TemplateHash,
+		Env: s.Config.Env, Resources: s.Config.Resources,
+	}
+}
+
 // startSandbox creates a sandbox for the session and pins the template
 // build it runs in the record. The caller holds the session's lock.
-func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox, error) {
-	sb, hash, err := m.sbx.create(ctx, s)
+func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox.Sandbox, error) {
+	sb, hash, err := m.sbx.Create(ctx, request(s))
 	if err != nil {
 		return nil, err
 	}
@@ -389,12 +398,10 @@ func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
 // looked at are the default and those of the recorded sessions'
 // templates; one that cannot be had is skipped with its sessions.
 func (m *Manager) Start(ctx context.Context) error {
-	for name := range m.sbx.pools {
-		if _, err := m.Template(name); err != nil {
-			return fmt.Errorf("warm pool: %w", err)
-		}
+	if err := m.sbx.CheckPools(); err != nil {
+		return err
 	}
-	if err := m.ws.removeAll(ctx, m.ws.trash, nil); err != nil {
+	if err := m.ws.RemoveAll(ctx, m.ws.Trash(), nil); err != nil {
 		m.log.Warn("emptying the workspace trash", "err", err)
 	}
 	recs, err := m.opt.Store.ListSandboxSessions(ctx)
@@ -407,7 +414,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 		return ""
 	}
-	live, listed := m.sbx.list(ctx, append([]string{""}, mapSlice(recs, runtimeOf)...))
+	live, listed := m.sbx.List(ctx, append([]string{""}, mapSlice(recs, runtimeOf)...))
 	adopted, lost := 0, 0
 	for _, rec := range recs {
 		if !listed[runtimeOf(rec)] {
@@ -416,18 +423,18 @@ func (m *Manager) Start(ctx context.Context) error {
 		f, ok := live[rec.SandboxID]
 		// A sandbox from a warm pool carries the pool's labels, not the
 		// session's: the record naming it is what makes it the session's.
-		mine := f.info.Labels[LabelSession] == rec.ID && f.info.Labels[LabelTenant] == rec.Tenant || f.info.Labels[LabelPool] != ""
-		usable := ok && mine && (f.info.State == runtime.StateRunning || f.info.State == runtime.StatePaused)
+		mine := f.Info.Labels[sandbox.LabelSession] == rec.ID && f.Info.Labels[sandbox.LabelTenant] == rec.Tenant || f.Info.Labels[sandbox.LabelPool] != ""
+		usable := ok && mine && (f.Info.State == runtime.StateRunning || f.Info.State == runtime.StatePaused)
 		if usable {
 			delete(live, rec.SandboxID)
 			e := m.entry(key{rec.Tenant, rec.ID})
 			state := sandboxRunning
-			if f.info.State == runtime.StatePaused {
+			if f.Info.State == runtime.StatePaused {
 				state = sandboxPaused
 			}
 			e.mu.Lock()
-			err := e.moveSandbox(state, &sandbox{id: f.info.ID, rt: f.rt, client: dialer(f.rt, f.info.ID)}, nil)
-			e.setRes(f.info.Resources.MemoryMB, f.info.Resources.CPU)
+			err := e.moveSandbox(state, sandbox.Attach(f.Runtime, f.Info.ID), nil)
+			e.setRes(f.Info.Resources.MemoryMB, f.Info.Resources.CPU)
 			e.unlock()
 			if err != nil {
 				return err
@@ -443,13 +450,13 @@ func (m *Manager) Start(ctx context.Context) error {
 		}
 	}
 	// What is left no session took: destroyed, but for live replicas'.
-	peers := m.sbx.destroyOrphans(ctx, live)
+	peers := m.sbx.DestroyOrphans(ctx, live)
 	if adopted+lost > 0 {
 		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
 	}
 	// What is left there belonged to pooled sandboxes no session took,
 	// but for the pools of live replicas.
-	if err := m.ws.removeAll(ctx, m.ws.poolDir(), peers); err != nil {
+	if err := m.ws.RemoveAll(ctx, m.ws.PoolDir(), peers); err != nil {
 		m.log.Warn("emptying the warm pools' workspaces", "err", err)
 	}
 	m.wg.Add(1)
@@ -458,10 +465,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.wg.Add(1)
 		go m.keepActive()
 	}
-	if len(m.sbx.pools) > 0 {
-		m.wg.Add(1)
-		go m.sbx.filler()
-	}
+	m.sbx.StartPools()
 	return nil
 }
 
@@ -471,4 +475,23 @@ func mapSlice[T, U any](in []T, f func(T) U) []U {
 		out[i] = f(v)
 	}
 	return out
+}
+
+// pinLocked records the template build a session's sandbox runs. The
+// caller holds the session's lock.
+func (m *Manager) pinLocked(k key, hash string) {
+	ctx := context.Background()
+	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
+	if err != nil {
+		return
+	}
+	cur, err := m.decode(rec)
+	if err != nil {
+		return
+	}
+	cur.Config.TemplateHash = hash
+	rec.Config, _ = json.Marshal(cur.Config)
+	if err := m.save(ctx, rec); err != nil {
+		m.log.Warn("pinning template", "session", k.id, "err", err)
+	}
 }

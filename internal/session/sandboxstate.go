@@ -5,6 +5,7 @@ import (
 	"slices"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 )
 
 // sandboxState is what this process holds of a session's sandbox: its
@@ -58,7 +59,7 @@ func (e *sandboxMoveError) Error() string {
 // moveSandbox moves the entry's sandbox to state to: with sb for running
 // and paused (nil keeps the one held), with st for starting. The caller
 // holds e.mu.
-func (e *entry) moveSandbox(to sandboxState, sb *sandbox, st *startOp) error {
+func (e *entry) moveSandbox(to sandboxState, sb *sandbox.Sandbox, st *startOp) error {
 	same := to == e.sbState && to != sandboxStarting // one start at a time
 	if to != sandboxNone && !same && !slices.Contains(sandboxMoves[e.sbState], to) {
 		return &sandboxMoveError{session: e.id, from: e.sbState, to: to}
@@ -83,14 +84,14 @@ func (e *entry) moveSandbox(to sandboxState, sb *sandbox, st *startOp) error {
 
 // drop lets the held sandbox go (none) and returns it, nil if there was
 // none. The caller holds e.mu.
-func (e *entry) drop() *sandbox {
+func (e *entry) drop() *sandbox.Sandbox {
 	sb := e.sb
 	e.moveSandbox(sandboxNone, nil, nil) // always allowed
 	return sb
 }
 
 // held returns the sandbox held, running or paused, or nil.
-func (e *entry) held() *sandbox {
+func (e *entry) held() *sandbox.Sandbox {
 	if e.sbState == sandboxRunning || e.sbState == sandboxPaused {
 		return e.sb
 	}

@@ -3,6 +3,8 @@ package session
 import (
 	"errors"
 	"testing"
+
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 )
 
 func TestSandboxMoves(t *testing.T) {
@@ -12,7 +14,7 @@ func TestSandboxMoves(t *testing.T) {
 		{sandboxStarting, sandboxRunning}: true,
 		{sandboxRunning, sandboxPaused}:   true, {sandboxPaused, sandboxRunning}: true,
 	}
-	sb, st := &sandbox{id: "x"}, &startOp{}
+	sb, st := &sandbox.Sandbox{ID: "x"}, &startOp{}
 	for _, from := range states {
 		for _, to := range states {
 			e := &entry{key: key{"t", "s"}}

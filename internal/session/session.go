@@ -20,7 +20,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	goruntime "runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,24 +27,11 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
-)
-
-// Sandbox labels: a restarted server tells which session a sandbox served
-// from them.
-const (
-	LabelTenant  = "sbx.tenant"
-	LabelSession = "sbx.session"
-	// LabelInstance is the deployment a sandbox belongs to
-	// (Options.Instance): servers that do not share a store and data
-	// directory can share a runtime's state (the default /run/sbx) without
-	// touching each other's sandboxes.
-	LabelInstance = "sbx.instance"
-	// LabelReplica is the replica that started a sandbox (Options.Replica).
-	LabelReplica = "sbx.replica"
 )
 
 // Options configure a Manager.
@@ -133,12 +119,12 @@ type Session struct {
 
 // Manager owns the sessions of one server: their records and the state
 // machine they move by (state.go, records.go, lifecycle.go), their TTLs
-// and the reaper (reaper.go), snapshots, file calls and tenants' limits.
-// It delegates what is not a session's own: the sessions' locks (locker,
-// locks.go), the sandboxes on the runtimes and the warm pools (sandboxes,
-// sandboxes.go and pool.go), and the workspace directories on this host
-// (workspaces, workspaces.go). The three know nothing of records; the
-// Manager writes what they do into them.
+// and the reaper (reaper.go), snapshots, file calls, the handing of
+// sandboxes to executions (sandbox.go) and tenants' limits. It delegates
+// what is not a session's own: the sessions' locks (locker, locks.go),
+// the sandboxes on the runtimes and the warm pools (sandbox.Service), and
+// the workspace directories on this host (workspace.Dirs). None of the
+// three knows of records; the Manager writes what they do into them.
 type Manager struct {
 	opt  Options
 	log  *slog.Logger
@@ -147,8 +133,8 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	locks *locker
-	sbx   *sandboxes
-	ws    *workspaces
+	sbx   *sandbox.Service
+	ws    *workspace.Dirs
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -172,7 +158,7 @@ type entry struct {
 	// sandbox held (running, paused), start the start in flight
 	// (starting). They change together, by moveSandbox.
 	sbState sandboxState
-	sb      *sandbox
+	sb      *sandbox.Sandbox
 	start   *startOp
 	deleted bool // the session is gone: drop whatever a start brings
 	active  int  // leases out: executions using sb
@@ -219,14 +205,8 @@ type startOp struct {
 // New returns a manager. Call Start to recover what a previous server left
 // and start the reaper, and Close to stop background work.
 func New(opt Options) *Manager {
-	if opt.StartTimeout == 0 {
-		opt.StartTimeout = 60 * time.Second
-	}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
-	}
-	if opt.MaxStarts <= 0 {
-		opt.MaxStarts = 2 * goruntime.NumCPU()
 	}
 	if opt.Events == nil {
 		opt.Events = func(string) {}
@@ -249,8 +229,14 @@ func New(opt Options) *Manager {
 		opt: opt, log: opt.Log, ctx: ctx, stop: stop, entries: map[key]*entry{},
 		locks: newLocker(opt.Store, opt.Replica, opt.Log),
 	}
-	m.ws = newWorkspaces(&m.opt, &m.wg)
-	m.sbx = newSandboxes(ctx, &m.opt, m.ws, &m.wg)
+	m.ws = workspace.NewDirs(workspace.DirsConfig{
+		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
+	})
+	m.sbx = sandbox.New(sandbox.Config{
+		Templates: opt.Templates, Runtime: opt.Runtime, Dirs: m.ws,
+		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
+		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
+	})
 	return m
 }
 
@@ -265,11 +251,13 @@ func (m *Manager) OnDelete(f func(tenant, id string)) { m.onDelete = append(m.on
 func (m *Manager) Close() {
 	m.stop()
 	m.wg.Wait()
+	m.sbx.Close()
+	m.ws.Wait()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.entries {
 		if e.sb != nil {
-			e.sb.client.Close()
+			e.sb.Client.Close()
 		}
 	}
 }
@@ -294,7 +282,7 @@ func (m *Manager) peek(k key) *entry {
 
 // Template resolves a template name to its spec: a built-in or one
 // defined in the template store. Unknown names are ErrInvalidArgument.
-func (m *Manager) Template(name string) (template.Spec, error) { return m.sbx.spec(name) }
+func (m *Manager) Template(name string) (template.Spec, error) { return m.sbx.Spec(name) }
 
 func (m *Manager) decode(rec *store.Session) (*Session, error) {
 	s := &Session{Session: *rec, SandboxState: api.SandboxNone}
@@ -351,14 +339,14 @@ func (m *Manager) DropConversation(ctx context.Context, tenant, id, cid string) 
 	if !running {
 		return
 	}
-	if _, err := sb.client.DeleteConversation(ctx, cid); err != nil {
+	if _, err := sb.Client.DeleteConversation(ctx, cid); err != nil {
 		m.log.Warn("dropping a conversation's contexts", "session", id, "conversation", cid, "err", err)
 	}
 }
 
 // Prebuild builds the named templates in the background, one after the
 // other, so that the first session of each does not wait for its build.
-func (m *Manager) Prebuild(names []string) { m.sbx.prebuild(names) }
+func (m *Manager) Prebuild(names []string) { m.sbx.Prebuild(names) }
 
 // PoolSizes reports each warm pool's ready sandboxes.
-func (m *Manager) PoolSizes() map[string]int { return m.sbx.poolSizes() }
+func (m *Manager) PoolSizes() map[string]int { return m.sbx.PoolSizes() }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,114 +16,14 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
-	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
-
-// fakeRuntime keeps sandboxes as states in a map: enough for the layer
-// above (the real runtime has its own suite, runtimetest).
-type fakeRuntime struct {
-	mu     sync.Mutex
-	state  map[string]runtime.State
-	labels map[string]map[string]string // of sandboxes added with labelled
-	pauses int
-}
-
-func newFake() *fakeRuntime { return &fakeRuntime{state: map[string]runtime.State{}} }
-
-func (f *fakeRuntime) add(id string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.state[id] = runtime.StateRunning
-}
-
-func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Info, error) {
-	return nil, errors.New("fake: no creates")
-}
-func (f *fakeRuntime) Dial(ctx context.Context, id string) (net.Conn, error) {
-	return nil, fmt.Errorf("fake: %w", errdefs.ErrUnavailable)
-}
-func (f *fakeRuntime) set(id string, from, to runtime.State) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if _, ok := f.state[id]; !ok {
-		return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound) // as the real runtimes say
-	}
-	if f.state[id] != from {
-		return fmt.Errorf("sandbox %s is %q, not %q: %w", id, f.state[id], from, errdefs.ErrFailedPrecondition)
-	}
-	f.state[id] = to
-	return nil
-}
-func (f *fakeRuntime) Pause(ctx context.Context, id string) error {
-	f.mu.Lock()
-	f.pauses++
-	f.mu.Unlock()
-	return f.set(id, runtime.StateRunning, runtime.StatePaused)
-}
-func (f *fakeRuntime) Resume(ctx context.Context, id string) error {
-	return f.set(id, runtime.StatePaused, runtime.StateRunning)
-}
-func (f *fakeRuntime) Stop(ctx context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.state[id] = runtime.StateStopped
-	return nil
-}
-func (f *fakeRuntime) Destroy(ctx context.Context, id string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.state, id)
-	return nil
-}
-func (f *fakeRuntime) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	st, ok := f.state[id]
-	if !ok {
-		return nil, errdefs.ErrNotFound
-	}
-	return &runtime.Info{ID: id, State: st}, nil
-}
-func (f *fakeRuntime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
-	return &runtime.Stats{}, nil
-}
-func (f *fakeRuntime) List(ctx context.Context) ([]runtime.Info, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var out []runtime.Info
-	for id, st := range f.state {
-		out = append(out, runtime.Info{ID: id, State: st, Labels: f.labels[id]})
-	}
-	return out, nil
-}
-
-// labelled adds a running sandbox with labels.
-func (f *fakeRuntime) labelled(id string, labels map[string]string) {
-	f.add(id)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.labels == nil {
-		f.labels = map[string]map[string]string{}
-	}
-	f.labels[id] = labels
-}
-
-func (f *fakeRuntime) count(st runtime.State) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	n := 0
-	for _, s := range f.state {
-		if s == st {
-			n++
-		}
-	}
-	return n
-}
 
 func newManager(t testing.TB, rt runtime.Runtime, configure ...func(*Options)) *Manager {
 	t.Helper()
@@ -154,15 +53,15 @@ func newManager(t testing.TB, rt runtime.Runtime, configure ...func(*Options)) *
 }
 
 // attach gives a session a (fake) running sandbox, as a start would.
-func attach(t testing.TB, m *Manager, rt *fakeRuntime, tenant, id string) {
+func attach(t testing.TB, m *Manager, rt *runtimetest.Fake, tenant, id string) {
 	t.Helper()
 	ctx := context.Background()
 	k := key{tenant, id}
 	sbid := "sbx-" + id
-	rt.add(sbid)
+	rt.Add(sbid)
 	e := m.entry(k)
 	e.mu.Lock()
-	err := e.moveSandbox(sandboxRunning, &sandbox{id: sbid, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, sbid) })}, nil)
+	err := e.moveSandbox(sandboxRunning, sandbox.Attach(rt, sbid), nil)
 	e.unlock()
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +103,7 @@ func TestTransitions(t *testing.T) {
 }
 
 func TestLifecycleWithoutSandbox(t *testing.T) {
-	m := newManager(t, newFake())
+	m := newManager(t, runtimetest.NewFake())
 	ctx := context.Background()
 	s, created, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"})
 	if err != nil || !created || s.Status != api.StatusRunning || s.SandboxState != api.SandboxNone {
@@ -244,7 +143,7 @@ func TestLifecycleWithoutSandbox(t *testing.T) {
 // The reaper over 1,000 sessions: bounded batches, every due session
 // handled, and the right action for each state.
 func TestReaperThousandSessions(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	var (
 		mu     sync.Mutex
@@ -287,8 +186,8 @@ func TestReaperThousandSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	acted, rounds := reapAll(61 * time.Second)
-	if acted != withSandbox-1 || rt.count(runtime.StatePaused) != withSandbox-1 || rounds < (withSandbox-1)/m.opt.ReapBatch {
-		t.Errorf("idle pass: acted on %d in %d passes, %d paused; want %d", acted, rounds, rt.count(runtime.StatePaused), withSandbox-1)
+	if acted != withSandbox-1 || rt.Count(runtime.StatePaused) != withSandbox-1 || rounds < (withSandbox-1)/m.opt.ReapBatch {
+		t.Errorf("idle pass: acted on %d in %d passes, %d paused; want %d", acted, rounds, rt.Count(runtime.StatePaused), withSandbox-1)
 	}
 	counts, _ := m.opt.Store.CountSessions(ctx)
 	if counts[api.StatusPaused] != withSandbox-1 || counts[api.StatusRunning] != n-withSandbox+1 {
@@ -302,7 +201,7 @@ func TestReaperThousandSessions(t *testing.T) {
 	if counts[api.StatusHibernated] != n || acted != n+1 {
 		t.Errorf("hibernate pass: acted on %d; %v", acted, counts)
 	}
-	if left := len(rt.state); left != 0 {
+	if left := rt.Len(); left != 0 {
 		t.Errorf("%d sandboxes left after hibernation", left)
 	}
 	acted, _ = reapAll(301 * time.Second)
@@ -322,7 +221,7 @@ func TestReaperThousandSessions(t *testing.T) {
 // The reaper skips a session whose lock a request holds: it never waits
 // on a handler.
 func TestReaperSkipsLockedSessions(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	ctx := context.Background()
 	m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "held", IdleTimeout: 1})
@@ -367,7 +266,7 @@ func (h *heldBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, er
 // A snapshot in progress holds its own session only: counting the
 // server's sandboxes (every start and /metrics does) does not wait for it.
 func TestSnapshotDoesNotBlockCounts(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	blobs, err := blobfs.New(t.TempDir())
 	if err != nil {
@@ -402,15 +301,15 @@ func TestSnapshotDoesNotBlockCounts(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if c := m.SandboxCounts(); c[api.SandboxRunning] != 2 || rt.count(runtime.StateRunning) != 2 {
-		t.Errorf("after the snapshot: %v, %d running; want both thawed", c, rt.count(runtime.StateRunning))
+	if c := m.SandboxCounts(); c[api.SandboxRunning] != 2 || rt.Count(runtime.StateRunning) != 2 {
+		t.Errorf("after the snapshot: %v, %d running; want both thawed", c, rt.Count(runtime.StateRunning))
 	}
 }
 
 // A workspace past the snapshot limits cannot be hibernated, and the
 // session goes on as it was: sandbox running, files in place.
 func TestHibernateRefusedKeepsSession(t *testing.T) {
-	rt := newFake()
+	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	blobs, err := blobfs.New(t.TempDir())
 	if err != nil {
@@ -422,7 +321,7 @@ func TestHibernateRefusedKeepsSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "big")
-	dir := m.ws.dir(key{"t", "big"})
+	dir := m.ws.Dir("t", "big")
 	for i := range 20 {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)
@@ -432,8 +331,8 @@ func TestHibernateRefusedKeepsSession(t *testing.T) {
 		t.Fatalf("hibernate: %v, want ErrResourceExhausted", err)
 	}
 	s, err := m.Get(ctx, "t", "big")
-	if err != nil || s.Status != api.StatusRunning || s.SandboxState != api.SandboxRunning || rt.count(runtime.StateRunning) != 1 {
-		t.Errorf("after a refused hibernation: %+v %v; %d sandboxes running", s, err, rt.count(runtime.StateRunning))
+	if err != nil || s.Status != api.StatusRunning || s.SandboxState != api.SandboxRunning || rt.Count(runtime.StateRunning) != 1 {
+		t.Errorf("after a refused hibernation: %+v %v; %d sandboxes running", s, err, rt.Count(runtime.StateRunning))
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "f19")); string(b) != "x" {
 		t.Errorf("a file after a refused hibernation: %q %v", b, err)

@@ -1,8 +1,8 @@
-package session
+package sandbox
 
 import (
 	"context"
-	"encoding/json"
+	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
@@ -11,10 +11,6 @@ import (
 
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
-
-// LabelPool marks a sandbox started ahead of demand for a template's
-// warm pool.
-const LabelPool = "sbx.pool"
 
 // A warm pool keeps sandboxes of one template started, executor up and
 // preload done, each over an empty workspace of its own. A session's
@@ -31,18 +27,20 @@ type pool struct {
 	size     int
 
 	mu       sync.Mutex
-	ready    []*pooled
+	ready    []*Pooled
 	starting int
 }
 
-type pooled struct {
-	sb   *sandbox
-	dir  string // its workspace, under WorkspaceDir/.pool
-	hash string // the template build it runs
+// Pooled is a sandbox from a warm pool, claimed for a session.
+type Pooled struct {
+	Sandbox *Sandbox
+	// Build is the template build it runs.
+	Build string
+	dir   string // its workspace, under Dirs.PoolDir
 }
 
-// poolSizes reports each pool's ready sandboxes.
-func (s *sandboxes) poolSizes() map[string]int {
+// PoolSizes reports each pool's ready sandboxes.
+func (s *Service) PoolSizes() map[string]int {
 	out := map[string]int{}
 	for name, p := range s.pools {
 		p.mu.Lock()
@@ -54,7 +52,7 @@ func (s *sandboxes) poolSizes() map[string]int {
 
 // filler keeps the pools full: it starts what is missing, one sandbox at a
 // time per pool, when a claim wakes it and every few seconds.
-func (s *sandboxes) filler() {
+func (s *Service) filler() {
 	defer s.wg.Done()
 	t := time.NewTicker(5 * time.Second)
 	defer t.Stop()
@@ -93,7 +91,7 @@ func (s *sandboxes) filler() {
 const refillDelay = 250 * time.Millisecond
 
 // fill starts one pooled sandbox.
-func (s *sandboxes) fill(p *pool) {
+func (s *Service) fill(p *pool) {
 	defer s.wg.Done()
 	pd, err := s.startPooled(s.ctx, p.template)
 	p.mu.Lock()
@@ -104,7 +102,7 @@ func (s *sandboxes) fill(p *pool) {
 	}
 	p.mu.Unlock()
 	if pd != nil {
-		s.dropPooled(pd)
+		s.DropPooled(pd)
 	}
 	if err != nil && s.ctx.Err() == nil {
 		s.log.Warn("warm pool: sandbox start failed", "template", p.template, "err", err)
@@ -119,19 +117,19 @@ func (s *sandboxes) fill(p *pool) {
 	}
 }
 
-func (s *sandboxes) startPooled(ctx context.Context, name string) (*pooled, error) {
-	spec, err := s.spec(name)
+func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error) {
+	spec, err := s.Spec(name)
 	if err != nil {
 		return nil, err
 	}
-	rt, err := s.runtime(spec.Runtime)
+	rt, err := s.Runtime(spec.Runtime)
 	if err != nil {
 		return nil, err
 	}
-	tmpl, ok := s.opt.Templates.Lookup(spec)
+	tmpl, ok := s.cfg.Templates.Lookup(spec)
 	if !ok {
 		s.log.Info("building template for its warm pool (once; cached)", "template", name)
-		if tmpl, err = s.opt.Templates.Ensure(ctx, spec, progressLog{s.log, name}); err != nil {
+		if tmpl, err = s.cfg.Templates.Ensure(ctx, spec, progressLog{s.log, name}); err != nil {
 			return nil, err
 		}
 	}
@@ -140,79 +138,81 @@ func (s *sandboxes) startPooled(ctx context.Context, name string) (*pooled, erro
 		return nil, err
 	}
 	defer release()
-	id := newID("sbx")
-	dir := filepath.Join(s.ws.poolDir(), id)
-	if err := os.MkdirAll(s.ws.poolDir(), 0o711); err != nil {
+	id := newID()
+	dir := filepath.Join(s.ws.PoolDir(), id)
+	if err := os.MkdirAll(s.ws.PoolDir(), 0o711); err != nil {
 		return nil, err
 	}
 	// The template's default disk: a session claims a pooled sandbox only
 	// if it asked for that.
-	if err := s.ws.make(ctx, dir, spec.Resources.WithDefaults().DiskMB); err != nil {
+	if err := s.ws.Make(ctx, dir, spec.Resources.WithDefaults().DiskMB); err != nil {
 		return nil, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, s.opt.StartTimeout)
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
 		ID: id, Rootfs: tmpl.Rootfs, Workspace: dir, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
-		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, "sbx.template": name}),
+		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, LabelTemplate: name}),
 	})
 	if err != nil {
-		s.ws.remove(context.WithoutCancel(ctx), dir)
+		s.ws.Remove(context.WithoutCancel(ctx), dir)
 		return nil, err
 	}
-	pd := &pooled{sb: &sandbox{id: id, rt: rt, client: dialer(rt, id)}, dir: dir, hash: tmpl.Hash}
+	pd := &Pooled{Sandbox: Attach(rt, id), Build: tmpl.Hash, dir: dir}
 	// Ready means preload done, so that the first execution pays nothing.
-	if err := pd.sb.client.WaitReady(cctx); err != nil {
-		s.dropPooled(pd)
+	if err := pd.Sandbox.Client.WaitReady(cctx); err != nil {
+		s.DropPooled(pd)
 		return nil, err
 	}
-	s.opt.Events("create")
+	s.cfg.Events("create")
 	return pd, nil
 }
 
-func (s *sandboxes) dropPooled(pd *pooled) {
-	s.destroy(context.Background(), pd.sb)
-	if err := s.ws.remove(context.Background(), pd.dir); err != nil {
+// DropPooled destroys a claimed sandbox that could not be used, and its
+// workspace.
+func (s *Service) DropPooled(pd *Pooled) {
+	s.Destroy(context.Background(), pd.Sandbox)
+	if err := s.ws.Remove(context.Background(), pd.dir); err != nil {
 		s.log.Warn("warm pool: removing a workspace", "dir", pd.dir, "err", err)
 	}
 }
 
 // drainPools destroys the pooled sandboxes: they hold nothing of anyone's,
 // and a restarted server would find them orphaned anyway.
-func (s *sandboxes) drainPools() {
+func (s *Service) drainPools() {
 	for _, p := range s.pools {
 		p.mu.Lock()
 		ready := p.ready
 		p.ready = nil
 		p.mu.Unlock()
 		for _, pd := range ready {
-			s.dropPooled(pd)
+			s.DropPooled(pd)
 		}
 	}
 }
 
-// claim hands the session a pooled sandbox if its template has a pool
+// Claim hands the session a pooled sandbox if its template has a pool
 // with one ready and the session fits it, moving the session's files into
 // the pooled workspace, which takes the session's workspace's place; it
 // reports whether it did. The caller holds the session's lock; no file
 // call is using the workspace (e.claiming keeps new ones out).
-func (s *sandboxes) claim(sess *Session) (*pooled, bool) {
-	p := s.pools[sess.TemplateID]
+func (s *Service) Claim(req Request) (*Pooled, bool) {
+	p := s.pools[req.Template]
 	if p == nil {
 		return nil, false
 	}
-	spec, err := s.spec(sess.TemplateID)
+	spec, err := s.Spec(req.Template)
 	if err != nil {
 		return nil, false
 	}
 	def := spec.Resources.WithDefaults()
-	if r := sess.Config.Resources; r.CPU != def.CPU || r.Memory != def.MemoryMB || r.Disk != def.DiskMB {
+	if r := req.Resources; r.CPU != def.CPU || r.Memory != def.MemoryMB || r.Disk != def.DiskMB {
 		return nil, false // the pool's sandboxes have the template's limits
 	}
 	p.mu.Lock()
-	var pd *pooled
+	var pd *Pooled
 	for i, c := range p.ready {
-		if sess.Config.TemplateHash == "" || c.hash == sess.Config.TemplateHash {
+		if req.Build == "" || c.Build == req.Build {
 			pd = c
 			p.ready = append(p.ready[:i], p.ready[i+1:]...)
 			break
@@ -220,37 +220,39 @@ func (s *sandboxes) claim(sess *Session) (*pooled, bool) {
 	}
 	p.mu.Unlock()
 	if pd == nil {
-		s.opt.Events("pool_miss")
+		s.cfg.Events("pool_miss")
 		return nil, false
 	}
 	select {
 	case s.refill <- struct{}{}:
 	default:
 	}
-	if err := s.ws.moveInto(pd.dir, s.ws.dir(key{sess.Tenant, sess.ID})); err != nil {
-		s.log.Error("warm pool: moving a workspace into a pooled sandbox", "session", sess.ID, "err", err)
-		s.dropPooled(pd)
+	if err := s.ws.MoveInto(pd.dir, s.ws.Dir(req.Tenant, req.Session)); err != nil {
+		s.log.Error("warm pool: moving a workspace into a pooled sandbox", "session", req.Session, "err", err)
+		s.DropPooled(pd)
 		return nil, false
 	}
-	s.opt.Events("pool_hit")
+	s.cfg.Events("pool_hit")
 	return pd, true
 }
 
-// pinLocked records the template build a session's sandbox runs. The
-// caller holds the session's lock.
-func (m *Manager) pinLocked(k key, hash string) {
-	ctx := context.Background()
-	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
-	if err != nil {
-		return
+// CheckPools checks that every pool's template exists.
+func (s *Service) CheckPools() error {
+	for name := range s.pools {
+		if _, err := s.Spec(name); err != nil {
+			return fmt.Errorf("warm pool: %w", err)
+		}
 	}
-	cur, err := m.decode(rec)
-	if err != nil {
-		return
-	}
-	cur.Config.TemplateHash = hash
-	rec.Config, _ = json.Marshal(cur.Config)
-	if err := m.save(ctx, rec); err != nil {
-		m.log.Warn("pinning template", "session", k.id, "err", err)
+	return nil
+}
+
+// StartPools starts keeping the warm pools full, until Close.
+func (s *Service) StartPools() {
+	if len(s.pools) > 0 {
+		s.wg.Add(1)
+		go s.filler()
 	}
 }
+
+// Pooling says whether any template has a warm pool.
+func (s *Service) Pooling() bool { return len(s.pools) > 0 }
