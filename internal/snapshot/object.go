@@ -77,8 +77,10 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	if !validNamespace(ns) {
 		return obj, fmt.Errorf("object namespace %q: %w", ns, errdefs.ErrInvalidArgument)
 	}
-	s.gc.RLock()
-	defer s.gc.RUnlock()
+	// The content is read without holding off Collect: it comes from a
+	// client, as slowly as the edge lets it, and a Collect waiting for
+	// its lock would hold up every Save and Restore behind it. The
+	// chunks are checked once the lock is held instead (below).
 	w := &saver{s: s, ctx: ctx, st: &Stats{}, buf: make([]byte, ChunkSize), area: s.chunkArea(ns+"/"+objectDir, manifestVersion)}
 	h := sha256.New()
 	e := Entry{Path: objectEntry, Type: "file", Mode: 0o444}
@@ -120,6 +122,23 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	obj.SHA256, obj.Size, obj.NewBytes = hex.EncodeToString(h.Sum(nil)), e.Size, w.st.NewBytes
 	if want != "" && obj.SHA256 != want {
 		return obj, fmt.Errorf("content of %d bytes has SHA-256 %s, not %s: %w", e.Size, obj.SHA256, want, errdefs.ErrInvalidArgument)
+	}
+	// A chunk found present and not written (or written longer ago than
+	// Collect's grace) may have been collected since: under the lock,
+	// no Collect of this process runs until the manifest names them.
+	s.gc.RLock()
+	defer s.gc.RUnlock()
+	checked := make(map[string]bool, len(e.Chunks))
+	for _, c := range e.Chunks {
+		if checked[c] || !ValidSum(c) {
+			continue
+		}
+		checked[c] = true
+		if _, err := s.blobs.Stat(ctx, chunkKey(w.area, c)); errors.Is(err, errdefs.ErrNotFound) {
+			return obj, fmt.Errorf("object %s: chunk %s was collected while the content was read; send it again", obj.SHA256, c)
+		} else if err != nil {
+			return obj, err
+		}
 	}
 	key := objectKey(ns, obj.SHA256)
 	var have Manifest
@@ -215,7 +234,7 @@ func (s *Store) OpenObject(ctx context.Context, ns, sum string) (*ObjectReader, 
 	if !found {
 		return nil, fmt.Errorf("object %s: manifest without content: %w", sum, errdefs.ErrNotFound)
 	}
-	r := &ObjectReader{s: s, ctx: ctx, area: o.area, size: file.Size, modTime: m.CreatedAt, sum: sum, cur: -1}
+	r := &ObjectReader{s: s, ctx: ctx, area: o.area, size: file.Size, modTime: m.CreatedAt, keep: m.KeepUntil, sum: sum, cur: -1}
 	// Where each chunk starts, runs of zeros expanded to one span each.
 	var off int64
 	for _, c := range file.Chunks {
@@ -245,6 +264,7 @@ type ObjectReader struct {
 	sum     string
 	size    int64
 	modTime time.Time
+	keep    time.Time
 	spans   []span
 	off     int64
 	// The chunk last fetched.
@@ -257,6 +277,9 @@ func (r *ObjectReader) Size() int64 { return r.size }
 
 // ModTime is when the object was first stored.
 func (r *ObjectReader) ModTime() time.Time { return r.modTime }
+
+// KeepUntil is when the object may be collected.
+func (r *ObjectReader) KeepUntil() time.Time { return r.keep }
 
 // SHA256 is the hash of the object's content.
 func (r *ObjectReader) SHA256() string { return r.sum }

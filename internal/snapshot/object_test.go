@@ -321,3 +321,58 @@ func mustRead(t *testing.T, s *Store, ns, sum string, expired bool) []byte {
 	}
 	return b
 }
+
+// hookReader calls hook once, when it has given its first n bytes.
+type hookReader struct {
+	r    io.Reader
+	n    int64
+	hook func()
+}
+
+func (h *hookReader) Read(p []byte) (int, error) {
+	if h.n <= 0 && h.hook != nil {
+		h.hook()
+		h.hook = nil
+	}
+	if h.hook != nil && int64(len(p)) > h.n {
+		p = p[:h.n]
+	}
+	n, err := h.r.Read(p)
+	h.n -= int64(n)
+	return n, err
+}
+
+// A put does not hold off the collector while it reads (a client may
+// send slowly), and a chunk collected meanwhile fails the put rather
+// than leaving a manifest that names a chunk that is gone.
+func TestObjectPutRacesCollect(t *testing.T) {
+	s, _ := newStore(t)
+	head := random(ChunkSize)
+	// An expired object whose one chunk the put will find present.
+	if _, err := s.PutObject(ctx, "t", "", bytes.NewReader(head), ChunkSize, time.Now().Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	var collected Collected
+	r := &hookReader{r: io.MultiReader(bytes.NewReader(head), strings.NewReader("tail")), n: ChunkSize, hook: func() {
+		var err error
+		if collected, err = s.Collect(ctx, 0); err != nil {
+			t.Error(err)
+		}
+	}}
+	_, err := s.PutObject(ctx, "t", "", r, 2*ChunkSize, time.Now().Add(time.Hour))
+	if collected.Objects != 1 || collected.Chunks != 1 {
+		t.Fatalf("the collector during the put: %+v", collected)
+	}
+	if err == nil || !strings.Contains(err.Error(), "collected while") {
+		t.Fatalf("a put whose chunk was collected: %v", err)
+	}
+	sum := sha256hexOf(append(append([]byte{}, head...), "tail"...))
+	if _, err := s.OpenObject(ctx, "t", sum); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the failed put left an object: %v", err)
+	}
+	// Sent again, it is stored whole.
+	if _, err := s.PutObject(ctx, "t", sum, io.MultiReader(bytes.NewReader(head), strings.NewReader("tail")), 2*ChunkSize, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	mustRead(t, s, "t", sum, false)
+}
