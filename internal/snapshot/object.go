@@ -45,7 +45,8 @@ type Object struct {
 	// have as an object (its chunks may have been there already).
 	Created bool
 	// NewBytes is what PutObject added to the blob store: new chunks and
-	// a manifest written.
+	// a manifest written. A put that fails may have added chunks too (for
+	// Collect to remove): its Object says how many bytes.
 	NewBytes int64
 }
 
@@ -69,8 +70,7 @@ func ValidSum(sum string) bool { return chunkName.MatchString(sum) }
 // hash is errdefs.ErrInvalidArgument, more than max bytes
 // errdefs.ErrResourceExhausted; the chunks stored by then are garbage
 // for Collect.
-func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max int64, keepUntil time.Time) (Object, error) {
-	var obj Object
+func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max int64, keepUntil time.Time) (obj Object, err error) {
 	if want != "" && !ValidSum(want) {
 		return obj, fmt.Errorf("content hash %q: want 64 lower-case hex digits: %w", want, errdefs.ErrInvalidArgument)
 	}
@@ -82,6 +82,8 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	// its lock would hold up every Save and Restore behind it. The
 	// chunks are checked once the lock is held instead (below).
 	w := &saver{s: s, ctx: ctx, st: &Stats{}, buf: make([]byte, ChunkSize), area: s.chunkArea(ns+"/"+objectDir, manifestVersion)}
+	var manifestBytes int64
+	defer func() { obj.NewBytes = w.st.NewBytes + manifestBytes }()
 	h := sha256.New()
 	e := Entry{Path: objectEntry, Type: "file", Mode: 0o444}
 	var zeros int64
@@ -119,7 +121,7 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	if zeros > 0 {
 		e.Chunks = append(e.Chunks, zeroRun(zeros))
 	}
-	obj.SHA256, obj.Size, obj.NewBytes = hex.EncodeToString(h.Sum(nil)), e.Size, w.st.NewBytes
+	obj.SHA256, obj.Size = hex.EncodeToString(h.Sum(nil)), e.Size
 	if want != "" && obj.SHA256 != want {
 		return obj, fmt.Errorf("content of %d bytes has SHA-256 %s, not %s: %w", e.Size, obj.SHA256, want, errdefs.ErrInvalidArgument)
 	}
@@ -142,6 +144,7 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	}
 	key := objectKey(ns, obj.SHA256)
 	var have Manifest
+	created := time.Now().UTC()
 	o, err := s.openManifest(ctx, key, &have)
 	switch {
 	case err == nil:
@@ -150,6 +153,7 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 			obj.KeepUntil = have.KeepUntil
 			return obj, nil // kept long enough already
 		}
+		created = have.CreatedAt // kept longer: the same content still
 	case errors.Is(err, errdefs.ErrNotFound):
 		obj.Created = true
 	case errors.Is(err, errdefs.ErrInvalidArgument):
@@ -159,7 +163,7 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 	}
 	obj.KeepUntil = keepUntil.UTC()
 	m := Manifest{
-		Version: manifestVersion, Key: key, CreatedAt: time.Now().UTC(), Files: 1, Dirs: 1,
+		Version: manifestVersion, Key: key, CreatedAt: created, Files: 1, Dirs: 1,
 		Size: e.Size, Data: e.Data, SHA256: obj.SHA256, KeepUntil: obj.KeepUntil,
 	}
 	b, err := objectManifest(&m, e)
@@ -171,7 +175,7 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 		return obj, err
 	}
 	if obj.Created {
-		obj.NewBytes += n
+		manifestBytes = n
 	}
 	return obj, nil
 }

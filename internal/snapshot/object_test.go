@@ -376,3 +376,27 @@ func TestObjectPutRacesCollect(t *testing.T) {
 	}
 	mustRead(t, s, "t", sum, false)
 }
+
+// What a failed put wrote is counted (for the tenant's stored bytes), and
+// a refreshed object keeps the time it was first stored.
+func TestObjectAccounting(t *testing.T) {
+	s, _ := newStore(t)
+	big := random(ChunkSize + 10)
+	obj, err := s.PutObject(ctx, "t", "", bytes.NewReader(big), ChunkSize, time.Now().Add(time.Hour))
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || obj.NewBytes != ChunkSize {
+		t.Errorf("a put over its limit: %+v %v; want the chunk it wrote counted", obj, err)
+	}
+	first, err := s.PutObject(ctx, "t", "", strings.NewReader("x"), 10, time.Now().Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1, _ := s.OpenObject(ctx, "t", first.SHA256)
+	time.Sleep(10 * time.Millisecond)
+	if _, err := s.PutObject(ctx, "t", "", strings.NewReader("x"), 10, time.Now().Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	r2, _ := s.OpenObject(ctx, "t", first.SHA256)
+	if !r2.ModTime().Equal(r1.ModTime()) || !r2.KeepUntil().After(r1.KeepUntil()) {
+		t.Errorf("refreshed: stored %v then %v, kept until %v then %v", r1.ModTime(), r2.ModTime(), r1.KeepUntil(), r2.KeepUntil())
+	}
+}
