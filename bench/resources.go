@@ -70,5 +70,5 @@ func benchResources(ctx context.Context, add func(row)) {
 	add(row{name: "    unchanged manifest (1 request)", p50: same.p(50), p99: same.p(99), goal: "~ one small request",
 		vs: ratio(same.p(50), get.p(50), "GET session")})
 	add(row{name: "    one resource changed (3 requests, 1 upload)", p50: changed.p(50), p99: changed.p(99)})
-	add(row{name: "    same set into a second session (links, no upload)", p50: otherTook})
+	add(row{name: "    same set into a second session (copies from the blob store, no upload)", p50: otherTook})
 }

@@ -51,7 +51,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		hibern     = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
 		ttl        = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
 		maxSbx     = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, presigned copies); 0 is no bound (env SBX_LIMITS)")
+		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies); 0 is no bound (env SBX_LIMITS)")
 		sessMax    = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
 		hdrTime    = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
 		connIdle   = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")

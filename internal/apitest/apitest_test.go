@@ -311,7 +311,7 @@ func TestHandler(t *testing.T) {
 		},
 		{
 			name: "presigned without a signature is refused",
-			req:  newRequest("GET", "/api/v1/presigned/"+strings.Repeat("0", 64)+"/a.csv", "", ""),
+			req:  newRequest("GET", "/api/v1/presigned/"+strings.Repeat("1", 32)+"/"+strings.Repeat("0", 64)+"/a.csv", "", ""),
 			handler: func(w http.ResponseWriter, r *http.Request) {
 				apiError(w, 403, "permission_denied")
 			},

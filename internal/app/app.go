@@ -22,8 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
@@ -159,50 +157,6 @@ type App struct {
 	wg        sync.WaitGroup
 }
 
-// Every collectInterval the server removes what nothing can use any more:
-// resource content no workspace has linked for contentGCGrace (a client
-// uploads content and sends its manifest again within seconds), and copies
-// of presigned files whose URLs have all expired.
-const (
-	collectInterval = 10 * time.Minute
-	contentGCGrace  = time.Hour
-)
-
-func (a *App) collect(content *cas.Store, blobs blob.Store) {
-	defer a.wg.Done()
-	t := time.NewTicker(collectInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-a.stop:
-			return
-		case <-t.C:
-		}
-		if !a.leader.held(context.Background()) {
-			continue // another replica collects
-		}
-		files, bytes, err := content.Collect(contentGCGrace)
-		switch {
-		case err != nil:
-			a.log.Warn("collecting unused resource content", "err", err)
-		case files > 0:
-			a.log.Info("collected unused resource content", "files", files, "bytes", bytes)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), collectInterval)
-		n, err := server.CollectPresigned(ctx, blobs, time.Now())
-		cancel()
-		if n > 0 {
-			a.Sessions.StoredCollected()
-		}
-		switch {
-		case err != nil:
-			a.log.Warn("collecting expired presigned copies", "err", err)
-		case n > 0:
-			a.log.Info("collected expired presigned copies", "blobs", n)
-		}
-	}
-}
-
 // Open wires the control plane from cfg: it opens the store, fails the
 // executions a previous process left unfinished, reconciles sessions with
 // the sandboxes that exist, and starts the reaper.
@@ -293,12 +247,18 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		isAlive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
 	}
 	var metrics *server.Metrics
+	// One content-addressed store with one collector (the session
+	// reaper's, on the leader): snapshots, hibernated workspaces, resource
+	// content and presigned copies.
+	snaps := snapshot.New(blobs, "snapshots", cfg.Snapshots)
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
-		Snapshots: snapshot.New(blobs, "snapshots", cfg.Snapshots), Pools: cfg.Pools,
-		StoredPrefixes: func(tenant string) []string { return []string{server.PresignPrefix(key, tenant)} },
+		Snapshots: snaps, Pools: cfg.Pools,
+		// A tenant's resource content is in its own namespace, which
+		// Snapshots.Prefixes counts; its presigned copies are in another.
+		StoredPrefixes: func(tenant string) []string { return snaps.Prefixes(server.PresignNamespace(key, tenant)) },
 		Instance:       instance,
 		Replica:        sessionReplica,
 		Alive:          isAlive,
@@ -337,15 +297,8 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
-	content, err := cas.New(filepath.Join(cfg.DataDir, "resources"), owners.Root.UID, owners.Root.GID)
-	if err != nil {
-		execs.Close()
-		mgr.Close()
-		st.Close()
-		return nil, err
-	}
 	srv := server.New(server.Options{
-		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Content: content, Keys: cfg.Keys, SigningKey: key,
+		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -356,8 +309,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	})
 	mgr.Prebuild(cfg.Prebuild)
 	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
-	app.wg.Add(2)
-	go app.collect(content, blobs)
+	app.wg.Add(1)
 	go app.beat()
 	return app, nil
 }

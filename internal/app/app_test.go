@@ -129,3 +129,47 @@ func TestReadyzStore(t *testing.T) {
 		t.Errorf("readyz with a closed store: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// Resource content is in the blob store, not on one server's disk: what
+// a client sends to one server, another sharing only the blob store
+// places in its own session's workspace without asking for it again.
+func TestResourceContentInTheBlobStore(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		blob func(t *testing.T) string
+	}{
+		{"fs", func(t *testing.T) string { return "file://" + t.TempDir() }},
+		{"s3", func(t *testing.T) string { return miniotest.New(t).URL }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			blobURL := tc.blob(t)
+			var clients []*client.Client
+			for range 2 {
+				cfg := config(t) // each its own data directory and SQLite store
+				cfg.Blob = blobURL
+				a, err := app.Open(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(a.Close)
+				ts := httptest.NewServer(a.Server.Handler())
+				t.Cleanup(ts.Close)
+				clients = append(clients, client.New(ts.URL))
+			}
+			skills := map[string][]byte{"skills/a/SKILL.md": []byte("# a\n"), "skills/b/SKILL.md": []byte("# b\n")}
+			for i, c := range clients {
+				if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "s"}); err != nil {
+					t.Fatal(err)
+				}
+				res, err := c.SyncResources(ctx, "s", skills)
+				if err != nil || !res.Complete || len(res.Added) != 2 {
+					t.Fatalf("server %d: %v %+v", i, err, res)
+				}
+				if uploaded := len(res.Uploaded); uploaded != 2-2*i {
+					t.Errorf("server %d uploaded %d resources, want %d", i, uploaded, 2-2*i)
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 // Package blob defines where sbx keeps bytes that outlive a sandbox and
-// are addressed by key rather than by workspace path: presigned downloads,
-// snapshots and hibernated workspaces. Backends: fs (local files, the
+// are addressed by key rather than by workspace path: the chunks and
+// manifests of snapshots, hibernated workspaces, resource content and
+// presigned copies (all through internal/snapshot). Backends: fs (local files, the
 // default) and s3 (any S3 API: AWS S3, MinIO), for servers that share
 // their blobs. Every backend passes blobtest.Run.
 package blob

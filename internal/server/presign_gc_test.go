@@ -2,43 +2,66 @@ package server
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/api"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 )
 
-func TestCollectPresigned(t *testing.T) {
+// Presigned copies are objects of the one content store: kept until an
+// hour after the last URL made for them expires, a presign of the same
+// content keeps them longer, and the one collector (snapshot.Store.Collect)
+// frees them afterwards.
+func TestPresignCollect(t *testing.T) {
 	dir := t.TempDir()
-	blobs, err := blobfs.New(dir)
+	blobs, err := blobfs.New(filepath.Join(dir, "blobs"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	now := time.Now()
-	ages := map[string]time.Duration{
-		"presigned/" + strings.Repeat("a", 64): presignKeep + time.Minute,      // every URL expired
-		"presigned/" + strings.Repeat("b", 64): maxPresignExpiry * time.Second, // a URL may still work
-		"snapshots/chunks/x":                   30 * 24 * time.Hour,            // not a presigned copy
+	s := presignServer(t, blobs)
+	file := filepath.Join(dir, "f.txt")
+	os.WriteFile(file, []byte("live"), 0o644)
+	live := presignFile(t, s, "t", file)
+	ns := presignNamespace(s.opt.SigningKey, "t")
+	sum := strings.Split(strings.SplitAfter(live, "/presigned/"+ns+"/")[1], "/")[0]
+	o, err := s.opt.Objects.OpenObject(ctx, PresignNamespace(s.opt.SigningKey, "t"), sum)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for key, age := range ages {
-		if _, err := blobs.Put(ctx, key, strings.NewReader("x")); err != nil {
-			t.Fatal(err)
-		}
-		old := now.Add(-age)
-		os.Chtimes(filepath.Join(dir, filepath.FromSlash(key)), old, old)
+	keep := o.KeepUntil()
+	if want := time.Now().Add(defaultPresignExpiry*time.Second + presignGrace); keep.Before(want.Add(-time.Minute)) || keep.After(want.Add(time.Minute)) {
+		t.Errorf("kept until %v, want about %v", keep, want)
 	}
-	n, err := CollectPresigned(ctx, blobs, now)
-	if err != nil || n != 1 {
-		t.Fatalf("collected %d, %v; want 1", n, err)
+	// A presign of the same content for longer keeps the copy longer.
+	longer := presignFileFor(t, s, "t", file, maxPresignExpiry)
+	if o, err := s.opt.Objects.OpenObject(ctx, PresignNamespace(s.opt.SigningKey, "t"), sum); err != nil || !o.KeepUntil().After(keep.Add(time.Hour)) {
+		t.Fatalf("after a longer presign: %v %v", o.KeepUntil(), err)
 	}
-	for key := range ages {
-		_, err := blobs.Stat(ctx, key)
-		if gone := err != nil; gone != strings.HasPrefix(key, "presigned/a") {
-			t.Errorf("%s: gone %v", key, gone)
+
+	// A copy past its time, as the collector finds it.
+	expired, err := s.opt.Objects.PutObject(ctx, PresignNamespace(s.opt.SigningKey, "t"), "", strings.NewReader("expired"), 100, time.Now().Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Hour).Unix()
+	old := api.Prefix + "/presigned/" + ns + "/" + expired.SHA256 + "/e.txt?expires=" + strconv.FormatInt(exp, 10) + "&signature=" + s.sign(ns, expired.SHA256, "e.txt", exp)
+	if code, _ := fetch(t, s, old); code != http.StatusNotFound {
+		t.Errorf("a copy past its time: %d", code)
+	}
+	c, err := s.opt.Objects.Collect(ctx, 0)
+	if err != nil || c.Objects != 1 || c.Chunks != 1 {
+		t.Fatalf("collect: %+v %v; want the expired copy and its chunk", c, err)
+	}
+	for _, u := range []string{live, longer} {
+		if code, body := fetch(t, s, u); code != 200 || string(body) != "live" {
+			t.Errorf("a live copy after collection: %d %q", code, body)
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -12,17 +14,18 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/blob/blobtest"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 )
 
 // swapBlobs rewrites a file with other content the first time the store
@@ -56,13 +59,19 @@ func (s *swapBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, er
 func presignServer(t *testing.T, blobs blob.Store) *Server {
 	mgr := session.New(session.Options{}) // for the tenants' stored bytes; never started
 	t.Cleanup(mgr.Close)
-	s := &Server{opt: Options{Blobs: blobs, Sessions: mgr, SigningKey: []byte("key"), Metrics: NewMetrics(nil, nil)}, log: slog.Default(), mux: http.NewServeMux()}
-	s.mux.HandleFunc("GET "+api.Prefix+"/presigned/{blob}/{name}", s.presigned)
+	objects := snapshot.New(blobs, "snapshots", snapshot.Limits{TempDir: t.TempDir()})
+	s := &Server{opt: Options{Blobs: blobs, Objects: objects, Sessions: mgr, SigningKey: []byte("key"), Metrics: NewMetrics(nil, nil)}, log: slog.Default(), mux: http.NewServeMux()}
 	s.mux.HandleFunc("GET "+api.Prefix+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	return s
 }
 
 func presignFile(t *testing.T, s *Server, tenant, file string) string {
+	t.Helper()
+	return presignFileFor(t, s, tenant, file, 0)
+}
+
+// presignFileFor presigns for expiry seconds (0: the default).
+func presignFileFor(t *testing.T, s *Server, tenant, file string, expiry int) string {
 	t.Helper()
 	f, err := os.Open(file)
 	if err != nil {
@@ -70,7 +79,11 @@ func presignFile(t *testing.T, s *Server, tenant, file string) string {
 	}
 	defer f.Close()
 	rec := httptest.NewRecorder()
-	r := httptest.NewRequest("GET", "/x?presign=true", nil)
+	target := "/x?presign=true"
+	if expiry > 0 {
+		target += "&expires_in=" + strconv.Itoa(expiry)
+	}
+	r := httptest.NewRequest("GET", target, nil)
 	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
 	s.presign(rec, r, f, "f.txt")
 	var p api.PresignResponse
@@ -80,15 +93,32 @@ func presignFile(t *testing.T, s *Server, tenant, file string) string {
 	return p.URL
 }
 
-func fetch(t *testing.T, s *Server, u string) (int, []byte) {
+func fetch(t *testing.T, s *Server, u string, hdr ...string) (int, []byte) {
 	t.Helper()
 	pu, err := url.Parse(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
-	s.mux.ServeHTTP(rec, httptest.NewRequest("GET", pu.RequestURI(), nil))
+	r := httptest.NewRequest("GET", pu.RequestURI(), nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Set(hdr[i], hdr[i+1])
+	}
+	s.mux.ServeHTTP(rec, r)
 	return rec.Code, rec.Body.Bytes()
+}
+
+// objects lists the manifests of the objects (and snapshots) of s.
+func objects(t *testing.T, s *Server) []blob.Info {
+	t.Helper()
+	var out []blob.Info
+	if err := s.opt.Objects.List(context.Background(), "", func(info blob.Info) error {
+		out = append(out, info)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
 
 // A file swapped while it is presigned: the URL serves exactly the bytes
@@ -122,9 +152,16 @@ func TestPresignTenants(t *testing.T) {
 	os.WriteFile(file, []byte("same"), 0o644)
 	s := presignServer(t, blobs)
 	u1, u2 := presignFile(t, s, "t1", file), presignFile(t, s, "t2", file)
-	infos, _ := blobtest.List(context.Background(), blobs, "presigned/")
-	if len(infos) != 2 || u1 == u2 {
+	infos := objects(t, s)
+	if len(infos) != 2 || u1 == u2 || strings.Split(infos[0].Key, "/")[0] == strings.Split(infos[1].Key, "/")[0] {
 		t.Errorf("two tenants' copies: %v", infos)
+	}
+	// Neither is in the tenant's own namespace, which a tenant named
+	// like a URL's namespace could not reach either.
+	for _, info := range infos {
+		if !strings.HasPrefix(info.Key, "_presigned-") {
+			t.Errorf("a copy at %s", info.Key)
+		}
 	}
 	ns1 := strings.Split(strings.SplitAfter(u1, "/presigned/")[1], "/")[0]
 	ns2 := strings.Split(strings.SplitAfter(u2, "/presigned/")[1], "/")[0]
@@ -151,17 +188,72 @@ func TestPresignSparse(t *testing.T) {
 	f.Close()
 	s := presignServer(t, blobs)
 	u := presignFile(t, s, "t", file)
-	infos, _ := blobtest.List(context.Background(), blobs, "presigned/")
-	if len(infos) != 1 || infos[0].Size != 1<<30 {
-		t.Fatalf("copies: %+v", infos)
+	stored, _ := blobtest.List(context.Background(), blobs, "snapshots/")
+	var total int64
+	for _, info := range stored {
+		total += info.Size
 	}
-	var st unix.Stat_t
-	unix.Stat(filepath.Join(dir, "blobs", filepath.FromSlash(infos[0].Key)), &st)
-	if st.Blocks*512 > 1<<20 {
-		t.Errorf("the copy of a 1 GiB sparse file takes %d MiB", st.Blocks*512>>20)
+	// The chunk with the tail, and a manifest; no chunk of zeros.
+	if total > snapshot.ChunkSize+64<<10 {
+		t.Errorf("the copy of a 1 GiB sparse file takes %d MiB", total>>20)
 	}
-	if !strings.Contains(u, "/"+filepath.Base(infos[0].Key)+"/") {
-		t.Errorf("the URL %s does not name the copy %s", u, infos[0].Key)
+	h := sha256.New()
+	f, _ = os.Open(file)
+	io.Copy(h, f)
+	f.Close()
+	if !strings.Contains(u, "/"+hex.EncodeToString(h.Sum(nil))+"/") {
+		t.Errorf("the URL %s does not name the file's hash", u)
+	}
+	code, body := fetch(t, s, u, "Range", "bytes=1073741820-")
+	if code != http.StatusPartialContent || string(body) != "tail" {
+		t.Errorf("the tail of the sparse copy: %d %q", code, body)
+	}
+}
+
+// countingBlobs counts the chunks opened.
+type countingBlobs struct {
+	blob.Store
+	chunks atomic.Int64
+}
+
+func (c *countingBlobs) Open(ctx context.Context, key string) (blob.Reader, error) {
+	if strings.Contains(key, "/chunks/") {
+		c.chunks.Add(1)
+	}
+	return c.Store.Open(ctx, key)
+}
+
+// A range is served from the chunks it spans, and only those.
+func TestPresignRange(t *testing.T) {
+	dir := t.TempDir()
+	fsBlobs, err := blobfs.New(filepath.Join(dir, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs := &countingBlobs{Store: fsBlobs}
+	content := make([]byte, 2*snapshot.ChunkSize+snapshot.ChunkSize/2)
+	rand.Read(content)
+	file := filepath.Join(dir, "f.bin")
+	os.WriteFile(file, content, 0o644)
+	s := presignServer(t, blobs)
+	u := presignFile(t, s, "t", file)
+	for _, tc := range []struct {
+		first, last int64
+		chunks      int64
+	}{
+		{10, 20, 1},
+		{snapshot.ChunkSize - 3, snapshot.ChunkSize + 3, 2},
+		{2*snapshot.ChunkSize + 1, int64(len(content)) - 1, 1},
+		{0, int64(len(content)) - 1, 3},
+	} {
+		blobs.chunks.Store(0)
+		code, body := fetch(t, s, u, "Range", "bytes="+strconv.FormatInt(tc.first, 10)+"-"+strconv.FormatInt(tc.last, 10))
+		if code != http.StatusPartialContent || !bytes.Equal(body, content[tc.first:tc.last+1]) {
+			t.Errorf("range %d-%d: %d, %d bytes", tc.first, tc.last, code, len(body))
+		}
+		if n := blobs.chunks.Load(); n != tc.chunks {
+			t.Errorf("range %d-%d read %d chunks, want %d", tc.first, tc.last, n, tc.chunks)
+		}
 	}
 }
 
@@ -192,7 +284,7 @@ func TestPresignMaxBytes(t *testing.T) {
 	if rec.Code != 413 || !strings.Contains(rec.Body.String(), "presign-max-bytes") {
 		t.Errorf("presign of a TiB: %d %s", rec.Code, rec.Body)
 	}
-	if infos, _ := blobtest.List(context.Background(), blobs, "presigned/"); len(infos) != 0 {
+	if infos, _ := blobtest.List(context.Background(), blobs, ""); len(infos) != 0 {
 		t.Errorf("copies made: %+v", infos)
 	}
 }

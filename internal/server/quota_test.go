@@ -23,7 +23,7 @@ func TestTenantQuotas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tenants, err := server.ParseTenantLimits([]string{"alpha:sessions=2", "alpha:disk=2G,stored=1"}, defaults)
+	tenants, err := server.ParseTenantLimits([]string{"alpha:sessions=2", "alpha:disk=2G,stored=1", "gamma:stored=1"}, defaults)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func TestTenantQuotas(t *testing.T) {
 	ts := startConfigured(t, func(c *app.Config) {
 		c.Limits, c.TenantLimits = defaults, tenants
 		c.MaxResources = api.Resources{CPU: 1, Memory: 2048}
-	}, "key-alpha-1:alpha", "key-beta-1:beta")
+	}, "key-alpha-1:alpha", "key-beta-1:beta", "key-gamma-1:gamma")
 	ctx := context.Background()
 	alpha, beta := ts.client("key-alpha-1"), ts.client("key-beta-1")
 
@@ -64,8 +64,23 @@ func TestTenantQuotas(t *testing.T) {
 		t.Fatalf("alpha's first presign: %v", err)
 	}
 	err = presign(alpha, "a1", "two.bin")
-	if ae := (*client.APIError)(nil); !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "stored") {
+	ae := (*client.APIError)(nil)
+	if !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "stored") {
 		t.Errorf("alpha's presign past its stored limit: %v", err)
+	}
+	// Resource content is stored bytes too: refused for alpha now, and
+	// what gamma sends counts toward its own limit.
+	big := make([]byte, 1<<20)
+	rand.Read(big)
+	if err := alpha.PutContent(ctx, big); !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "stored") {
+		t.Errorf("alpha's resource content past its stored limit: %v", err)
+	}
+	gamma := ts.client("key-gamma-1")
+	if err := gamma.PutContent(ctx, big); err != nil {
+		t.Fatalf("gamma's resource content: %v", err)
+	}
+	if err := gamma.PutContent(ctx, []byte("one more")); !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "stored") {
+		t.Errorf("gamma's resource content past its stored limit: %v", err)
 	}
 	if _, _, err := beta.CreateSession(ctx, api.CreateSessionRequest{SessionID: "b0"}); err != nil {
 		t.Fatal(err)
@@ -90,7 +105,6 @@ func TestTenantQuotas(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err = alpha.CreateSession(ctx, api.CreateSessionRequest{SessionID: "a3", Resources: &api.Resources{Disk: 1025}})
-	var ae *client.APIError
 	if !errors.As(err, &ae) || ae.StatusCode != 429 || !strings.Contains(ae.Message, "disk") {
 		t.Errorf("over the disk sum: %v", err)
 	}

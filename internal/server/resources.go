@@ -1,14 +1,18 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"io"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -16,9 +20,10 @@ import (
 // commands) in step with its own copy in at most three requests: PUT the
 // manifest; PUT /resources/{sha256} the content of each resource the
 // answer lists as needed; PUT the manifest again. An unchanged manifest is
-// one request that touches nothing. Content is kept once per tenant (one
-// file, hard-linked into every workspace that has it), so the second
-// session with the same skills uploads nothing at all.
+// one request that touches nothing. Content is kept once per tenant, as
+// an object of the blob store (snapshot.Store.PutObject) that any replica
+// can copy into a workspace, for resourceKeep after its last upload, so
+// a second session with the same skills meanwhile uploads nothing at all.
 
 const (
 	// maxManifestBody bounds a manifest: MaxResources entries of long
@@ -26,6 +31,11 @@ const (
 	maxManifestBody = 4 << 20
 	// maxResourceBytes bounds one resource's content.
 	maxResourceBytes = 256 << 20
+	// resourceKeep is how long content is kept after it was last put: a
+	// client sends its manifest again within seconds of the upload, and a
+	// resource in place is a copy in the workspace, which needs the
+	// content no more.
+	resourceKeep = time.Hour
 )
 
 // resourcesPath is where the sandbox sees the resources.
@@ -66,7 +76,13 @@ func (s *Server) syncResources(w http.ResponseWriter, r *http.Request) {
 	defer ws.Close()
 	mu := resourceLock(t, sid)
 	mu.Lock()
-	done, err := ws.SyncResources(ctx, want, func(sum string) (string, bool) { return s.opt.Content.Path(t, sum) })
+	done, err := ws.SyncResources(ctx, want, func(ctx context.Context, sum string) (io.ReadCloser, int64, error) {
+		o, err := s.opt.Objects.OpenObject(ctx, t, sum)
+		if err != nil {
+			return nil, 0, err
+		}
+		return o, o.Size(), nil
+	})
 	mu.Unlock()
 	if err != nil {
 		s.writeError(w, r, err)
@@ -110,15 +126,26 @@ func (s *Server) listResources(w http.ResponseWriter, r *http.Request) {
 }
 
 // putContent: PUT /resources/{sha256}, the content of a resource a sync
-// asked for. The server checks the hash as it stores it.
+// asked for. The server checks the hash as it stores it; what it stores
+// counts toward the tenant's stored bytes.
 func (s *Server) putContent(w http.ResponseWriter, r *http.Request) {
 	sum := r.PathValue("sha256")
+	if !snapshot.ValidSum(sum) {
+		s.writeError(w, r, fmt.Errorf("content hash %q: want 64 lower-case hex digits: %w", sum, errdefs.ErrInvalidArgument))
+		return
+	}
 	if r.ContentLength > maxResourceBytes {
 		s.writeError(w, r, withStatus(http.StatusRequestEntityTooLarge, "payload_too_large",
 			fmt.Errorf("content of %d bytes: a resource is at most %d bytes", r.ContentLength, maxResourceBytes)))
 		return
 	}
-	n, created, err := s.opt.Content.Put(r.Context(), tenant(r), sum, r.Body, maxResourceBytes)
+	t := tenant(r)
+	if err := s.opt.Sessions.AdmitStored(r.Context(), t); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	obj, err := s.opt.Objects.PutObject(r.Context(), t, sum, r.Body, maxResourceBytes, time.Now().Add(resourceKeep))
+	s.opt.Sessions.AddStored(t, obj.NewBytes)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrResourceExhausted) {
 			err = withStatus(http.StatusRequestEntityTooLarge, "payload_too_large", err)
@@ -127,8 +154,8 @@ func (s *Server) putContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	status := http.StatusOK
-	if created {
+	if obj.Created {
 		status = http.StatusCreated
 	}
-	writeJSON(w, status, api.ContentUpload{SHA256: sum, Size: n})
+	writeJSON(w, status, api.ContentUpload{SHA256: sum, Size: obj.Size})
 }

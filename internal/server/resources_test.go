@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -66,25 +67,31 @@ func TestResourceSync(t *testing.T) {
 	}
 
 	// Another session with the same skills sends no content, and the
-	// content is on disk once.
+	// content is in the blob store once: an object per content, a chunk
+	// per object (each is under 4 MiB).
 	other, err := c.SyncResources(ctx, "r2", skills)
 	if err != nil || len(other.Uploaded) != 0 || len(other.Added) != 2 || other.Requests != 1 {
 		t.Fatalf("second session: %v %+v", err, other)
 	}
-	var stored int
-	filepath.WalkDir(filepath.Join(ts.dir, "resources"), func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
-			stored++
-		}
-		return nil
-	})
-	if stored != 4 { // both versions of the pdf skill, the xlsx one, the removed command
-		t.Fatalf("%d files in the content store, want 4", stored)
+	count := func(dir string) int {
+		n := 0
+		filepath.WalkDir(filepath.Join(ts.dir, "blobs", "snapshots", dir), func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				n++
+			}
+			return nil
+		})
+		return n
 	}
-	a, _ := os.Stat(filepath.Join(ws, "skills/xlsx/SKILL.md"))
-	b, _ := os.Stat(filepath.Join(ts.dir, "workspaces", "default", "r2", ".resources", "skills/xlsx/SKILL.md"))
-	if !os.SameFile(a, b) {
-		t.Fatal("two sessions hold two copies of one resource")
+	// Both versions of the pdf skill, the xlsx one, the removed command.
+	if objs, chunks := count("manifests/default/_objects"), count("tenants/default/chunks"); objs != 4 || chunks != 4 {
+		t.Fatalf("%d objects and %d chunks in the blob store, want 4 and 4", objs, chunks)
+	}
+	if _, err := os.Stat(filepath.Join(ts.dir, "resources")); !os.IsNotExist(err) {
+		t.Errorf("content on the local disk: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ts.dir, "workspaces", "default", "r2", ".resources", "skills/xlsx/SKILL.md")); err != nil || string(b) != string(skills["skills/xlsx/SKILL.md"]) {
+		t.Fatalf("the second session's copy: %q %v", b, err)
 	}
 
 	// Only resource sync changes them: the file endpoints refuse.
@@ -127,6 +134,18 @@ func TestResourceSyncErrors(t *testing.T) {
 			t.Errorf("%s: %d %s, want %d", tc.what, resp.StatusCode, b, tc.status)
 		}
 	}
+	// New content is 201, content stored already 200; content over the
+	// limit 413.
+	for i, want := range []int{201, 200} {
+		resp, b := ts.do(t, "PUT", "/api/v1/resources/"+sum("fresh"), "application/octet-stream", strings.NewReader("fresh"), "Authorization", "Bearer key-one-1")
+		if resp.StatusCode != want {
+			t.Errorf("put %d: %d %s, want %d", i+1, resp.StatusCode, b, want)
+		}
+	}
+	zeros := io.LimitReader(zeroReader{}, 256<<20+1)
+	if resp, b := ts.do(t, "PUT", "/api/v1/resources/"+sum("x"), "application/octet-stream", zeros, "Authorization", "Bearer key-one-1"); resp.StatusCode != 413 {
+		t.Errorf("content over the limit, streamed: %d %s", resp.StatusCode, b)
+	}
 	// Content is per tenant: t2 cannot use, or learn of, what t1 sent.
 	if err := c1.PutContent(ctx, []byte("secret skill")); err != nil {
 		t.Fatal(err)
@@ -141,4 +160,11 @@ func TestResourceSyncErrors(t *testing.T) {
 	if resp.StatusCode != 400 {
 		t.Errorf("size mismatch: %d %s", resp.StatusCode, b)
 	}
+}
+
+type zeroReader struct{}
+
+func (zeroReader) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }

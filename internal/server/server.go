@@ -17,10 +17,10 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
-	"github.com/sbx-sandbox/sbx/internal/cas"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -30,8 +30,10 @@ type Options struct {
 	Sessions   *session.Manager
 	Executions *execution.Service
 	Blobs      blob.Store
-	// Content keeps the content of session resources.
-	Content *cas.Store
+	// Objects keeps the content of session resources and the
+	// copies behind presigned URLs: objects in the tenants' chunk
+	// areas of the snapshot store, which its one collector frees.
+	Objects *snapshot.Store
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -117,7 +119,6 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.handle("/mcp", s.serveMCP)
-	s.mux.HandleFunc("GET "+p+"/presigned/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET "+p+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)

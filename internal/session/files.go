@@ -221,7 +221,7 @@ func (f *Files) Resources() ([]workspace.Resource, error) { return f.ws.Resource
 
 // SyncResources brings .resources/ in line with want: sbx's own change to
 // what it manages, through the resource endpoints only.
-func (f *Files) SyncResources(ctx context.Context, want []workspace.Resource, content func(sha256 string) (string, bool)) (workspace.ResourceSync, error) {
+func (f *Files) SyncResources(ctx context.Context, want []workspace.Resource, content workspace.ResourceContent) (workspace.ResourceSync, error) {
 	return f.ws.SyncResources(ctx, want, content)
 }
 

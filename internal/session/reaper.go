@@ -11,9 +11,11 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
-// collectEvery is how often the reaper collects the snapshot content no
-// snapshot references any more; collectGrace is how old such content must
-// be, so that a snapshot being written keeps what it found already there.
+// collectEvery is how often the reaper runs the one collector of the blob
+// store (snapshot.Store.Collect): objects past their time (resource
+// content, presigned copies), then the chunks nothing references any
+// more; collectGrace is how old such a chunk must be, so that a snapshot
+// or an object being written keeps what it found already there.
 const (
 	collectEvery = 10 * time.Minute
 	collectGrace = time.Hour
@@ -50,9 +52,10 @@ func (m *Manager) reaper() {
 				m.log.Error("a snapshot manifest cannot be read; its snapshot cannot be restored", "manifest", key)
 			}
 			if err != nil {
-				m.log.Warn("collecting snapshot content", "err", err)
-			} else if c.Chunks > 0 {
-				m.log.Info("collected snapshot content no snapshot uses", "chunks", c.Chunks, "bytes", c.Bytes)
+				m.log.Warn("collecting the blob store", "err", err)
+			} else if c.Objects+c.Chunks > 0 {
+				m.log.Info("collected the blob store: expired objects, and chunks nothing uses",
+					"objects", c.Objects, "chunks", c.Chunks, "bytes", c.Bytes)
 			}
 		}
 	}

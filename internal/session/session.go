@@ -98,8 +98,9 @@ type Options struct {
 	// no record names yet (warm pools, starts in flight) alone.
 	Alive func(ctx context.Context, replica string) (bool, error)
 	// StoredPrefixes returns the prefixes in the snapshots' blob store
-	// under which a tenant keeps bytes besides its snapshots (its
-	// presigned copies), for the StoredMB limit.
+	// under which a tenant keeps bytes besides those of its own namespace
+	// (Snapshots.Prefixes: snapshots, hibernated workspaces, resource
+	// content): its presigned copies, for the StoredMB limit.
 	StoredPrefixes func(tenant string) []string
 	// Limits returns a tenant's limits; nil means none.
 	Limits func(tenant string) Limits

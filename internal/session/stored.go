@@ -8,9 +8,10 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 )
 
-// Stored bytes: what a tenant keeps in the blob store, its
-// snapshots' and hibernated workspaces' chunks and manifests and its
-// presigned copies, counted from the blob store itself. The first check of
+// Stored bytes: what a tenant keeps in the blob store, the chunks
+// and manifests of its snapshots, hibernated workspaces, resource content
+// (all under Snapshots.Prefixes) and presigned copies (StoredPrefixes),
+// counted from the blob store itself. The first check of
 // a tenant walks its prefixes; what this server writes for it afterwards
 // is added as it is written. Deletions free bytes only when the
 // collectors remove them (a deleted snapshot's chunks stay for the grace
@@ -95,7 +96,7 @@ func (m *Manager) AdmitStored(ctx context.Context, tenant string) error {
 		return err
 	}
 	if n >= limit<<20 {
-		return quotaError(tenant, "stored (MiB in the blob store: snapshots, hibernated workspaces, presigned copies)",
+		return quotaError(tenant, "stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies)",
 			n>>20, "more", limit, "delete snapshots or sessions; their bytes are freed when the collector next runs")
 	}
 	return nil

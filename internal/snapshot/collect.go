@@ -18,16 +18,19 @@ import (
 
 // Collected says what a Collect did.
 type Collected struct {
-	Chunks int   // chunks deleted
-	Bytes  int64 // their size
+	Objects int   // objects past their time, whose manifests were deleted
+	Chunks  int   // chunks deleted
+	Bytes   int64 // their size
 	// Unreadable are the keys of manifests that could not be read (corrupt,
 	// or past the limits): they were skipped, and the chunks only they
 	// use are collected, since nothing can restore from them.
 	Unreadable []string
 }
 
-// Collect deletes chunks that no manifest references and that are older
-// than grace. A manifest that is not a valid one is skipped and reported
+// Collect deletes the objects past their time (object.go), then the
+// chunks that no manifest references and that are older than grace. An
+// object's chunks go in the same pass, unless a snapshot or another
+// object still uses them. A manifest that is not a valid one is skipped and reported
 // in Unreadable; it does not stop the collection of everyone else's
 // garbage. An error reading the blob store stops it: deleting what an
 // unread manifest might use would be worse than keeping garbage. Each
@@ -43,9 +46,15 @@ func (s *Store) Collect(ctx context.Context, grace time.Duration) (Collected, er
 	// Every manifest is read once here, so that one that cannot be is
 	// reported whether or not its area has chunks left.
 	var legacy []string
+	now := time.Now()
 	err := s.List(ctx, "", func(info blob.Info) error {
 		m, err := s.Load(ctx, info.Key)
 		switch {
+		case err == nil && !m.KeepUntil.IsZero() && now.After(m.KeepUntil):
+			if err := s.blobs.Delete(ctx, s.manifestKey(info.Key)); err != nil {
+				return fmt.Errorf("collect: %w", err)
+			}
+			out.Objects++
 		case err == nil:
 			if s.chunkArea(info.Key, m.Version) == s.prefix+"/chunks/" {
 				legacy = append(legacy, info.Key)

@@ -43,6 +43,10 @@ type Manifest struct {
 	Files, Dirs, Symlinks int
 	Size                  int64 // bytes of regular files: their sizes
 	Data                  int64 `json:"data,omitempty"` // the same less holes: what a restore writes
+	// SHA256 and KeepUntil are an object's (object.go): the hash of its
+	// content and the time after which Collect deletes it.
+	SHA256    string    `json:"sha256,omitempty"`
+	KeepUntil time.Time `json:"keep_until,omitzero"`
 }
 
 // Entry is one file, directory or symbolic link; "." is the root.
@@ -214,6 +218,10 @@ func readHeader(r io.Reader, m *Manifest) (*manifestReader, error) {
 			dst = &m.Size
 		case "data":
 			dst = &m.Data
+		case "sha256":
+			dst = &m.SHA256
+		case "keep_until":
+			dst = &m.KeepUntil
 		default:
 			dst = new(json.RawMessage)
 		}

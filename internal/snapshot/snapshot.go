@@ -1,5 +1,9 @@
-// Package snapshot saves a workspace directory into a blob store and
-// restores it: the format behind snapshots and hibernation.
+// Package snapshot is sbx's one content-addressed store in the blob
+// store, with one collector (Collect). It saves a workspace directory and
+// restores it: the format behind snapshots and hibernation;
+// and it keeps objects, single files named by their hash and kept until a
+// time (object.go): the content of session resources and the
+// copies behind presigned URLs.
 //
 // A snapshot is a manifest plus chunks. Files are cut into 4 MiB chunks
 // kept under PREFIX/tenants/NS/chunks/XX/SHA256, NS being the first

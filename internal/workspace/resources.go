@@ -3,9 +3,12 @@ package workspace
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -164,16 +167,19 @@ func (w *Workspace) ownedByRoot(rel string) bool {
 	return ok && int(st.Uid) == w.owners.Root.UID && fi.Mode().Type()&fs.ModeSymlink == 0
 }
 
+// ResourceContent opens the content whose SHA-256 is sum and says its
+// size: errdefs.ErrNotFound if the caller has none.
+type ResourceContent func(ctx context.Context, sum string) (io.ReadCloser, int64, error)
+
 // SyncResources brings ResourcesDir in step with want (checked by
 // CheckManifest): resources that are gone from want are removed, new and
-// changed ones are put in place if content(sha256) gives a host file with
-// their content, and the rest is reported as Needed. content's files are
-// hard-linked in when they can be (one copy on disk however many
-// workspaces hold a resource, which is why they must already belong to the
-// sandbox's root and be read-only), copied otherwise.
+// changed ones are copied in from content, and the rest (content has
+// none) is reported as Needed. Each file is written in a temporary file
+// of its directory and renamed into place, owned by the sandbox's root
+// and read-only, and its content is checked against its hash on the way.
 //
 // Callers serialize SyncResources calls on one workspace.
-func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content func(sha256 string) (string, bool)) (ResourceSync, error) {
+func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content ResourceContent) (ResourceSync, error) {
 	var res ResourceSync
 	have, ok := w.readRecord()
 	if !ok {
@@ -192,19 +198,31 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 	}
 	// What the record has is in place: the sandbox cannot change what is
 	// below a directory of its root, and a directory it made instead
-	// fails readRecord. So an unchanged manifest reads one file.
+	// fails readRecord. So an unchanged manifest reads one file. The
+	// content of the others is opened up front, so that a manifest that
+	// is wrong about a size fails before anything changes.
 	wanted := make(map[string]bool, len(want))
+	opened := map[string]io.ReadCloser{}
+	defer func() {
+		for _, rc := range opened {
+			rc.Close()
+		}
+	}()
 	for _, r := range want {
 		wanted[r.Name] = true
 		if prev, ok := old[r.Name]; ok && prev == r {
 			continue
 		}
-		// A manifest that is wrong about a size fails before anything
-		// changes.
-		if src, ok := content(r.SHA256); ok {
-			if fi, err := os.Stat(src); err == nil && fi.Size() != r.Size {
-				return res, fmt.Errorf("resource %s: the manifest says %d bytes, its content has %d: %w", quote(r.Name), r.Size, fi.Size(), errdefs.ErrInvalidArgument)
-			}
+		rc, size, err := content(ctx, r.SHA256)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return res, fmt.Errorf("resource %s: %w", quote(r.Name), err)
+		}
+		opened[r.Name] = rc
+		if size != r.Size {
+			return res, fmt.Errorf("resource %s: the manifest says %d bytes, its content has %d: %w", quote(r.Name), r.Size, size, errdefs.ErrInvalidArgument)
 		}
 	}
 	// Removals first: a name that was a file may be a directory now.
@@ -231,7 +249,7 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 			res.Unchanged++
 			continue
 		}
-		src, ok := content(r.SHA256)
+		src, ok := opened[r.Name]
 		if !ok {
 			res.Needed = append(res.Needed, r)
 			if existed && w.inPlace(rel, prev.Size) {
@@ -239,7 +257,7 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 			}
 			continue
 		}
-		if err := w.placeResource(ctx, rel, src, r.Size); err != nil {
+		if err := w.placeResource(ctx, rel, src, r); err != nil {
 			return res, err
 		}
 		kept = append(kept, r)
@@ -294,57 +312,35 @@ func (w *Workspace) rootDir(rel string) error {
 	return classify(rel, f.Chmod(uploadsMode))
 }
 
-// placeResource puts the content of host file src at rel: a hard link if
-// src is on the workspace's file system, else a reflink if the file system
-// can share the extents (btrfs subvolumes: one copy on disk,
-// and no bytes written), else a copy.
-func (w *Workspace) placeResource(ctx context.Context, rel, src string, size int64) error {
-	fi, err := os.Stat(src)
-	if err != nil {
-		return err
-	}
-	if fi.Size() != size {
-		return fmt.Errorf("resource %s: the manifest says %d bytes, its content has %d: %w", quote(rel), size, fi.Size(), errdefs.ErrInvalidArgument)
-	}
-	dirRel := path.Dir(rel)
-	if err := w.ensureDir(dirRel, w.owners.Root, uploadsMode); err != nil {
-		return err
-	}
-	d, err := w.root.OpenFile(dirRel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if err != nil {
-		return classify(dirRel, err)
-	}
-	defer d.Close()
-	tmp := tempPrefix + "link-" + path.Base(src)
-	tmpRel := path.Join(dirRel, tmp)
-	w.root.Remove(tmpRel)
-	switch err := unix.Linkat(unix.AT_FDCWD, src, int(d.Fd()), tmp, 0); {
-	case err == nil:
-		if err := w.root.Rename(tmpRel, rel); err != nil {
-			w.root.Remove(tmpRel)
-			return classify(rel, err)
-		}
-		return nil
-	case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EMLINK), errors.Is(err, unix.EPERM):
-	default:
-		return classify(rel, err)
-	}
-	if ok, err := w.cloneResource(int(d.Fd()), tmp, src); err != nil {
-		return classify(rel, err)
-	} else if ok {
-		if err := w.root.Rename(tmpRel, rel); err != nil {
-			w.root.Remove(tmpRel)
-			return classify(rel, err)
-		}
-		return nil
-	}
-	f, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	_, err = w.save(ctx, rel, resourcesArea, f, 0, w.owners.Root, 0o444)
+// placeResource copies the content src of resource r to rel, read-only
+// and owned by the sandbox's root (save: no link followed on the way, a
+// temporary file renamed into place). Content that is not r's (a store
+// that lost or changed it) fails the sync before the rename.
+func (w *Workspace) placeResource(ctx context.Context, rel string, src io.Reader, r Resource) error {
+	_, err := w.save(ctx, rel, resourcesArea, &checkedReader{r: src, h: sha256.New(), want: r}, r.Size+1, w.owners.Root, 0o444)
 	return err
+}
+
+// checkedReader reads a resource's content and fails at its end if that
+// is not the content the resource names.
+type checkedReader struct {
+	r    io.Reader
+	h    hash.Hash
+	n    int64
+	want Resource
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	c.n += int64(n)
+	if err == io.EOF {
+		if sum := hex.EncodeToString(c.h.Sum(nil)); c.n != c.want.Size || sum != c.want.SHA256 {
+			return n, fmt.Errorf("resource %s: the stored content has %d bytes hashing to %s, not %d bytes hashing to %s",
+				quote(c.want.Name), c.n, sum, c.want.Size, c.want.SHA256)
+		}
+	}
+	return n, err
 }
 
 // pruneDirs removes dirRel and its parents up to ResourcesDir while they
@@ -370,38 +366,4 @@ func (w *Workspace) writeRecord(ctx context.Context, rec []Resource) error {
 	}
 	_, err = w.save(ctx, resourcesRecord, resourcesArea, bytes.NewReader(b), 0, w.owners.Root, 0o444)
 	return err
-}
-
-// cloneResource makes tmp, in the directory open at dirfd, a reflink of
-// src owned by the sandbox's root and read-only; false (and no tmp) when
-// the file systems cannot share extents.
-func (w *Workspace) cloneResource(dirfd int, tmp, src string) (bool, error) {
-	in, err := os.Open(src)
-	if err != nil {
-		return false, err
-	}
-	defer in.Close()
-	fd, err := unix.Openat(dirfd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return false, err
-	}
-	out := os.NewFile(uintptr(fd), tmp)
-	defer out.Close()
-	if err := unix.IoctlFileClone(fd, int(in.Fd())); err != nil {
-		unix.Unlinkat(dirfd, tmp, 0)
-		switch {
-		case errors.Is(err, unix.EXDEV), errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EINVAL), errors.Is(err, unix.ENOTTY):
-			return false, nil
-		}
-		return false, err
-	}
-	if err := out.Chown(w.owners.Root.UID, w.owners.Root.GID); err != nil {
-		unix.Unlinkat(dirfd, tmp, 0)
-		return false, err
-	}
-	if err := out.Chmod(0o444); err != nil {
-		unix.Unlinkat(dirfd, tmp, 0)
-		return false, err
-	}
-	return true, out.Close()
 }

@@ -1,10 +1,12 @@
 package workspace
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,38 +17,33 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
-// contentDir is a stand-in for the content store: files named by their
-// hash, read-only, owned by the sandbox's root.
+// contentDir is a stand-in for the content store: content by its hash.
+// lie, if set, is what it gives instead for that hash.
 type contentDir struct {
-	t   *testing.T
-	dir string
+	have map[string][]byte
+	lie  map[string][]byte
 }
 
 func newContentDir(t *testing.T, base string) *contentDir {
-	dir := filepath.Join(base, "content")
-	mustMkdir(t, dir)
-	return &contentDir{t, dir}
+	return &contentDir{have: map[string][]byte{}, lie: map[string][]byte{}}
 }
 
 func (c *contentDir) add(content string) Resource {
 	sum := sha256.Sum256([]byte(content))
 	h := hex.EncodeToString(sum[:])
-	p := filepath.Join(c.dir, h)
-	if _, err := os.Stat(p); err != nil {
-		mustWrite(c.t, p, content)
-		root := testOwners().Root
-		if err := os.Chown(p, root.UID, root.GID); err != nil {
-			c.t.Fatal(err)
-		}
-		os.Chmod(p, 0o444)
-	}
+	c.have[h] = []byte(content)
 	return Resource{SHA256: h, Size: int64(len(content))}
 }
 
-func (c *contentDir) lookup(sum string) (string, bool) {
-	p := filepath.Join(c.dir, sum)
-	_, err := os.Stat(p)
-	return p, err == nil
+func (c *contentDir) open(ctx context.Context, sum string) (io.ReadCloser, int64, error) {
+	b, ok := c.have[sum]
+	if !ok {
+		return nil, 0, errdefs.ErrNotFound
+	}
+	if l, ok := c.lie[sum]; ok {
+		b = l
+	}
+	return io.NopCloser(bytes.NewReader(b)), int64(len(c.have[sum])), nil
 }
 
 func res(name string, r Resource) Resource { r.Name = name; return r }
@@ -57,7 +54,7 @@ func (e *env) sync(t *testing.T, c *contentDir, want ...Resource) ResourceSync {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := e.w.SyncResources(context.Background(), want, c.lookup)
+	got, err := e.w.SyncResources(context.Background(), want, c.open)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,12 +85,8 @@ func TestSyncResources(t *testing.T) {
 	if body != "# PDF skill\n" {
 		t.Fatalf("content %q", body)
 	}
-	// One copy on disk: the workspace's file is the store's.
-	src, _ := c.lookup(skill.SHA256)
-	var srcSt syscall.Stat_t
-	syscall.Stat(src, &srcSt)
-	if st.Ino != srcSt.Ino || int(st.Uid) != testOwners().Root.UID || st.Mode&0o777 != 0o444 {
-		t.Fatalf("resource: ino %d (store %d), uid %d, mode %o", st.Ino, srcSt.Ino, st.Uid, st.Mode&0o777)
+	if int(st.Uid) != testOwners().Root.UID || st.Mode&0o777 != 0o444 {
+		t.Fatalf("resource: uid %d, mode %o", st.Uid, st.Mode&0o777)
 	}
 	dir, _ := os.Stat(filepath.Join(e.w.Dir(), ResourcesDir, "skills"))
 	if ds := dir.Sys().(*syscall.Stat_t); int(ds.Uid) != testOwners().Root.UID || dir.Mode().Perm() != 0o755 {
@@ -132,6 +125,17 @@ func TestSyncResources(t *testing.T) {
 	}
 	if body, _ := e.resource(t, "skills/pdf/SKILL.md"); body != "# PDF skill v2\n" {
 		t.Fatalf("changed content %q", body)
+	}
+	// Content that is not what it claims (a store gone wrong) fails the
+	// sync and leaves the version in place.
+	skill3 := c.add("# PDF skill v3\n")
+	c.lie[skill3.SHA256] = []byte("# PDF skill v4\n")
+	want, _ := CheckManifest([]Resource{res("skills/pdf/SKILL.md", skill3), res("README/sub", sub)})
+	if _, err := e.w.SyncResources(context.Background(), want, c.open); err == nil || !strings.Contains(err.Error(), "hashing to") {
+		t.Fatalf("sync of content that lies: %v", err)
+	}
+	if body, _ := e.resource(t, "skills/pdf/SKILL.md"); body != "# PDF skill v2\n" {
+		t.Fatalf("after a failed sync: %q", body)
 	}
 	// Removing everything leaves no empty directories behind.
 	got = e.sync(t, c)

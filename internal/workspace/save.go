@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"os"
 	"path"
-	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -221,63 +220,6 @@ func formatBytes(n int64) string {
 		}
 	}
 	return fmt.Sprintf("%d bytes", n)
-}
-
-// ensureDir makes sure dirRel (cleaned) is a directory, making missing
-// components with owner and perm, for sbx's own files (resources). Links
-// on the way are followed while they stay inside the workspace; a
-// client's write goes through resolve instead, which follows none.
-func (w *Workspace) ensureDir(dirRel string, owner Owner, perm fs.FileMode) error {
-	if dirRel == "." {
-		return nil
-	}
-	fi, err := w.root.Stat(dirRel)
-	switch {
-	case err == nil && fi.IsDir():
-		return nil
-	case err == nil:
-		return badPath(dirRel, "is not a directory")
-	case !errors.Is(err, fs.ErrNotExist):
-		return dirError(dirRel, err)
-	}
-	var prefix string
-	for c := range strings.SplitSeq(dirRel, "/") {
-		prefix = path.Join(prefix, c)
-		err := w.root.Mkdir(prefix, perm)
-		if errors.Is(err, fs.ErrExist) {
-			continue // made by a concurrent Save, or a file: the next step says
-		}
-		if err != nil {
-			return dirError(prefix, err)
-		}
-		if err := w.adopt(prefix, owner, perm); err != nil {
-			return dirError(prefix, err)
-		}
-	}
-	return nil
-}
-
-// adopt gives the directory ensureDir just made at rel its owner and mode,
-// through a descriptor. If the sandbox swapped the name in the meantime,
-// the descriptor is of a directory we did not make (not owned by us); that
-// one is left alone rather than handed to owner.
-func (w *Workspace) adopt(rel string, owner Owner, perm fs.FileMode) error {
-	f, err := w.root.OpenFile(rel, os.O_RDONLY|syscall.O_DIRECTORY, 0)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
-		return nil
-	}
-	if err := f.Chown(owner.UID, owner.GID); err != nil {
-		return err
-	}
-	return f.Chmod(perm)
 }
 
 // dirError classifies an error making or opening the parent directory
