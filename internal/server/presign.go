@@ -154,7 +154,8 @@ func (s *Server) presigned(w http.ResponseWriter, r *http.Request) {
 	}
 	o, err := s.opt.Objects.OpenObject(r.Context(), presignObjects(ns), sum)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		err = fmt.Errorf("the file is no longer kept: %w", errdefs.ErrNotFound)
+		s.presignedBefore(w, r, ns, sum, name)
+		return
 	}
 	if err != nil {
 		s.writeError(w, r, err)
@@ -163,6 +164,25 @@ func (s *Server) presigned(w http.ResponseWriter, r *http.Request) {
 	defer o.Close()
 	w.Header().Set("Content-Disposition", attachment(name))
 	http.ServeContent(w, r, name, o.ModTime(), o)
+}
+
+// presignedBefore serves a copy that a server before objects made: a
+// whole blob at presigned/NS/SHA256, signed as URLs are now. Its URLs live
+// for up to a week after an upgrade; nothing writes such copies any more,
+// and an operator removes presigned/ from the blob store a week after the
+// upgrade (README, "Upgrading").
+func (s *Server) presignedBefore(w http.ResponseWriter, r *http.Request, ns, sum, name string) {
+	b, err := s.opt.Blobs.Open(r.Context(), "presigned/"+ns+"/"+sum)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = fmt.Errorf("the file is no longer kept: %w", errdefs.ErrNotFound)
+		}
+		s.writeError(w, r, err)
+		return
+	}
+	defer b.Close()
+	w.Header().Set("Content-Disposition", attachment(name))
+	http.ServeContent(w, r, name, b.Info().ModTime, b)
 }
 
 var nsPattern = regexp.MustCompile(`^[0-9a-f]{32}$`)

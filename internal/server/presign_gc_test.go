@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -63,5 +65,37 @@ func TestPresignCollect(t *testing.T) {
 		if code, body := fetch(t, s, u); code != 200 || string(body) != "live" {
 			t.Errorf("a live copy after collection: %d %q", code, body)
 		}
+	}
+}
+
+// A copy the server before objects made (a whole blob under presigned/)
+// still serves its URLs, ranges too; one that is not there is a 404.
+func TestPresignedBefore(t *testing.T) {
+	dir := t.TempDir()
+	blobs, err := blobfs.New(filepath.Join(dir, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s := presignServer(t, blobs)
+	ns := presignNamespace(s.opt.SigningKey, "t")
+	content := "made before objects"
+	sum := fmt.Sprintf("%x", sha256.Sum256([]byte(content)))
+	if _, err := blobs.Put(ctx, "presigned/"+ns+"/"+sum, strings.NewReader(content)); err != nil {
+		t.Fatal(err)
+	}
+	exp := time.Now().Add(time.Hour).Unix()
+	url := func(sum string) string {
+		return api.Prefix + "/presigned/" + ns + "/" + sum + "/old.txt?expires=" + strconv.FormatInt(exp, 10) + "&signature=" + s.sign(ns, sum, "old.txt", exp)
+	}
+	if code, body := fetch(t, s, url(sum)); code != http.StatusOK || string(body) != content {
+		t.Fatalf("a copy made before objects: %d %q", code, body)
+	}
+	if code, body := fetch(t, s, url(sum), "Range", "bytes=5-10"); code != http.StatusPartialContent || string(body) != content[5:11] {
+		t.Errorf("a range of it: %d %q", code, body)
+	}
+	gone := strings.Repeat("ab", 32)
+	if code, _ := fetch(t, s, url(gone)); code != http.StatusNotFound {
+		t.Errorf("a copy that is in neither place: %d", code)
 	}
 }
