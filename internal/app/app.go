@@ -251,6 +251,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	// reaper's, on the leader): snapshots, hibernated workspaces, resource
 	// content and presigned copies.
 	snaps := snapshot.New(blobs, "snapshots", cfg.Snapshots)
+	if !local {
+		// Replicas save, restore and put objects while the leader
+		// collects: a fence in the store keeps the two apart.
+		snaps.ShareWith(store.NewRWLock(st, "blob-collect", replica))
+	}
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,

@@ -16,6 +16,10 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 )
 
+// collectWait is how long Collect waits for the saves, restores and
+// object puts in flight (in every process that shares the fence).
+const collectWait = time.Minute
+
 // Collected says what a Collect did.
 type Collected struct {
 	Objects int   // objects past their time, whose manifests were deleted
@@ -41,13 +45,20 @@ type Collected struct {
 // version 1 manifests, which are no longer written, are kept.
 func (s *Store) Collect(ctx context.Context, grace time.Duration) (Collected, error) {
 	var out Collected
-	s.gc.Lock()
+	// Saves hold Collect off, and Collect, once it waits, holds new ones
+	// off: it waits a while, then lets them go and tries another time.
+	lctx, cancel := context.WithTimeout(ctx, collectWait)
+	err := s.gc.Lock(lctx)
+	cancel()
+	if err != nil {
+		return out, fmt.Errorf("collect: saves and restores still running after %v; try later: %w", collectWait, err)
+	}
 	defer s.gc.Unlock()
 	// Every manifest is read once here, so that one that cannot be is
 	// reported whether or not its area has chunks left.
 	var legacy []string
 	now := time.Now()
-	err := s.List(ctx, "", func(info blob.Info) error {
+	err = s.List(ctx, "", func(info blob.Info) error {
 		m, err := s.Load(ctx, info.Key)
 		switch {
 		case err == nil && !m.KeepUntil.IsZero() && now.After(m.KeepUntil):

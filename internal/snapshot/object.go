@@ -126,9 +126,11 @@ func (s *Store) PutObject(ctx context.Context, ns, want string, r io.Reader, max
 		return obj, fmt.Errorf("content of %d bytes has SHA-256 %s, not %s: %w", e.Size, obj.SHA256, want, errdefs.ErrInvalidArgument)
 	}
 	// A chunk found present and not written (or written longer ago than
-	// Collect's grace) may have been collected since: under the lock,
-	// no Collect of this process runs until the manifest names them.
-	s.gc.RLock()
+	// Collect's grace) may have been collected since: under the fence,
+	// no Collect runs until the manifest names them.
+	if err := s.gc.RLock(ctx); err != nil {
+		return obj, err
+	}
 	defer s.gc.RUnlock()
 	checked := make(map[string]bool, len(e.Chunks))
 	for _, c := range e.Chunks {

@@ -57,7 +57,9 @@ func (s *Store) restore(ctx context.Context, key string, write func(context.Cont
 	ctx, cancel := context.WithTimeoutCause(ctx, s.lim.Timeout,
 		exhausted("the restore took longer than its limit of %v", s.lim.Timeout))
 	defer cancel()
-	s.gc.RLock()
+	if err := s.gc.RLock(ctx); err != nil {
+		return nil, err
+	}
 	defer s.gc.RUnlock()
 	var m Manifest
 	o, err := s.openManifest(ctx, key, &m)

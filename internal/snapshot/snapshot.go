@@ -116,17 +116,42 @@ type Store struct {
 	blobs  blob.Store
 	prefix string
 	lim    Limits
-	// gc keeps Collect from deleting a chunk that a Save in this process
-	// found present and so did not write. Across processes the grace
-	// period of Collect covers it.
-	gc sync.RWMutex
+	// gc keeps Collect from deleting a chunk that a Save, a Restore or a
+	// PutObject relies on: one it found present and so did not write, or
+	// one its manifest names while the manifest goes.
+	gc Fence
 }
+
+// Fence keeps Collect (Lock) apart from the Saves, Restores and object
+// puts (RLock) that rely on chunks Collect could delete. Collect's grace
+// period does not cover it: a chunk no manifest names, older than the
+// grace, that a Save finds present is not written again, and a Collect
+// that read the manifests before the Save wrote its own deletes it. The
+// default is a sync.RWMutex, for a process alone with its blob store;
+// processes sharing one need a Fence between them (store.RWLock).
+type Fence interface {
+	RLock(ctx context.Context) error
+	RUnlock()
+	Lock(ctx context.Context) error
+	Unlock()
+}
+
+// localFence is the Fence of a process alone with its blob store.
+type localFence struct{ sync.RWMutex }
+
+func (f *localFence) RLock(context.Context) error { f.RWMutex.RLock(); return nil }
+func (f *localFence) Lock(context.Context) error  { f.RWMutex.Lock(); return nil }
 
 // New returns the store of snapshots under prefix in b, with lim's bounds
 // (zero fields take the defaults).
 func New(b blob.Store, prefix string, lim Limits) *Store {
-	return &Store{blobs: b, prefix: prefix, lim: lim.withDefaults()}
+	return &Store{blobs: b, prefix: prefix, lim: lim.withDefaults(), gc: &localFence{}}
 }
+
+// ShareWith replaces the Store's fence with f, shared with the other
+// processes that use the same blob store. Call it before any other
+// method.
+func (s *Store) ShareWith(f Fence) { s.gc = f }
 
 // Stats says what a Save did.
 type Stats struct {
@@ -183,7 +208,9 @@ func (s *Store) Save(ctx context.Context, dir, key string, prev *Manifest) (*Man
 	ctx, cancel := context.WithTimeoutCause(ctx, s.lim.Timeout,
 		exhausted("the snapshot took longer than its limit of %v", s.lim.Timeout))
 	defer cancel()
-	s.gc.RLock()
+	if err := s.gc.RLock(ctx); err != nil {
+		return nil, st, err
+	}
 	defer s.gc.RUnlock()
 	m, err := s.save(ctx, dir, key, prev, &st)
 	if err != nil {

@@ -60,6 +60,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"LeaseErrors", testLeaseErrors},
 		{"LeaseHolder", testLeaseHolder},
 		{"LiveLeases", testLiveLeases},
+		{"RWLock", testRWLock},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
