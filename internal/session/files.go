@@ -66,7 +66,8 @@ func (f *Files) Write(ctx context.Context, w FileWrite) (workspace.SavedFile, er
 		}
 		dest = path.Join(workspace.ConversationDir(w.ConversationID), rel)
 	}
-	if err := f.checkCount(ctx, dest, w.ConversationID); err != nil {
+	undo, err := f.holdSlot(ctx, dest, w.ConversationID)
+	if err != nil {
 		return workspace.SavedFile{}, err
 	}
 	var saved workspace.SavedFile
@@ -74,6 +75,9 @@ func (f *Files) Write(ctx context.Context, w FileWrite) (workspace.SavedFile, er
 		saved, err = f.ws.SaveUpload(ctx, w.ConversationID, rel, w.Body, f.sess.Config.MaxUploadBytes())
 	} else {
 		saved, err = f.ws.Save(ctx, rel, w.Body, f.sess.Config.MaxUploadBytes(), f.m.opt.Owners.User, 0o644)
+	}
+	if err != nil {
+		undo()
 	}
 	if errors.Is(err, errdefs.ErrTooLarge) {
 		return workspace.SavedFile{}, fmt.Errorf("%q is larger than the session's max_file_size of %d %s: %w", name, up.MaxFileSize, up.MaxFileSizeUnit, errdefs.ErrTooLarge)
@@ -86,6 +90,7 @@ func (f *Files) Write(ctx context.Context, w FileWrite) (workspace.SavedFile, er
 		Size: saved.Size, SHA256: saved.SHA256, CreatedAt: time.Now().UTC(),
 	}); err != nil {
 		f.remove(saved.Path, false)
+		undo()
 		return workspace.SavedFile{}, err
 	}
 	return saved, nil
@@ -98,28 +103,54 @@ func orUnknown(mt string) string {
 	return mt
 }
 
-// checkCount refuses a file past max_file_count. Two writes at once may
-// both pass at the limit; the count is a quota, not a lock.
-func (f *Files) checkCount(ctx context.Context, dest, cid string) error {
+// holdSlot takes one of max_file_count's slots for a write to dest: it
+// records the upload before it counts them, so that of writes racing for
+// the last slot (in this process or in other replicas) each counts the
+// others' records, and the one that finds too many gives its slot back
+// and is refused; none gets past the limit. A write that replaces a
+// recorded file takes no new slot. undo gives the slot back if the write
+// then fails; the record the write makes replaces the held one.
+func (f *Files) holdSlot(ctx context.Context, dest, cid string) (undo func(), err error) {
+	noop := func() {}
 	limit := f.sess.Config.Upload.MaxFileCount
 	if limit <= 0 {
-		return nil
+		return noop, nil
 	}
-	held, err := f.m.opt.Store.CountUploads(ctx, f.sess.Tenant, f.sess.ID)
-	if err != nil || held < limit {
-		return err
-	}
-	// At the limit, a write may still replace a file it holds already.
-	ups, err := f.m.opt.Store.ListUploads(ctx, f.sess.Tenant, f.sess.ID, cid)
+	st, tenant, id := f.m.opt.Store, f.sess.Tenant, f.sess.ID
+	ups, err := st.ListUploads(ctx, tenant, id, cid)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, u := range ups {
 		if u.Path == dest {
-			return nil
+			return noop, nil
+		}
+		if strings.HasPrefix(u.Path, dest+"/") {
+			// A directory with uploads under it: the write fails, and
+			// giving back a slot held at its path would drop theirs.
+			return noop, nil
 		}
 	}
-	return fmt.Errorf("the session already holds %d uploaded files and max_file_count is %d: delete some first: %w", held, limit, errdefs.ErrFailedPrecondition)
+	if err := st.PutUpload(ctx, &store.Upload{
+		Tenant: tenant, SessionID: id, Path: dest, ConversationID: cid, CreatedAt: time.Now().UTC(),
+	}); err != nil {
+		return nil, err
+	}
+	undo = func() {
+		if err := st.DeleteUploads(context.WithoutCancel(ctx), tenant, id, dest); err != nil {
+			f.m.log.Warn("giving back an upload slot", "session", id, "path", dest, "err", err)
+		}
+	}
+	held, err := st.CountUploads(ctx, tenant, id)
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	if held > limit {
+		undo()
+		return nil, fmt.Errorf("the session already holds %d uploaded files and max_file_count is %d: delete some first: %w", held-1, limit, errdefs.ErrFailedPrecondition)
+	}
+	return undo, nil
 }
 
 // MakeDir makes the directory rel and any missing parents, the sandbox
