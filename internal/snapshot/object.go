@@ -376,19 +376,24 @@ func (r *ObjectReader) fetch(i int) error {
 		return fmt.Errorf("object %s: chunk %s: %w", r.sum, sp.sum, err)
 	}
 	defer b.Close()
-	if r.buf == nil {
-		r.buf = make([]byte, ChunkSize)
+	// As large as this chunk, and one byte more to see a longer one: a
+	// small object does not cost a whole chunk's buffer.
+	want := min(r.size-sp.off, ChunkSize)
+	if int64(cap(r.buf)) < want+1 {
+		r.buf = make([]byte, want+1)
 	}
+	r.buf = r.buf[:want+1]
 	r.cur = -1
 	n, err := io.ReadFull(b, r.buf)
 	if err != nil && err != io.ErrUnexpectedEOF {
 		return fmt.Errorf("object %s: chunk %s: %w", r.sum, sp.sum, err)
 	}
-	if h := sha256.Sum256(r.buf[:n]); hex.EncodeToString(h[:]) != sp.sum {
-		return fmt.Errorf("object %s: chunk %s is corrupt: its content hashes otherwise", r.sum, sp.sum)
+	if int64(n) != want {
+		return fmt.Errorf("object %s: chunk %s has %d bytes or more, want %d", r.sum, sp.sum, n, want)
 	}
-	if want := min(r.size-sp.off, ChunkSize); int64(n) != want {
-		return fmt.Errorf("object %s: chunk %s has %d bytes, want %d", r.sum, sp.sum, n, want)
+	r.buf = r.buf[:n]
+	if h := sha256.Sum256(r.buf); hex.EncodeToString(h[:]) != sp.sum {
+		return fmt.Errorf("object %s: chunk %s is corrupt: its content hashes otherwise", r.sum, sp.sum)
 	}
 	r.cur = i
 	return nil

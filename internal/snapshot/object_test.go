@@ -14,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/blob/s3"
+	"github.com/sbx-sandbox/sbx/internal/testenv"
 	"github.com/sbx-sandbox/sbx/internal/testenv/miniotest"
 )
 
@@ -398,5 +399,40 @@ func TestObjectAccounting(t *testing.T) {
 	r2, _ := s.OpenObject(ctx, "t", first.SHA256)
 	if !r2.ModTime().Equal(r1.ModTime()) || !r2.KeepUntil().After(r1.KeepUntil()) {
 		t.Errorf("refreshed: stored %v then %v, kept until %v then %v", r1.ModTime(), r2.ModTime(), r1.KeepUntil(), r2.KeepUntil())
+	}
+}
+
+// A small object read costs what it holds, not a whole chunk's buffer:
+// a resource sync opens up to a thousand of them, mostly a few KiB each.
+func TestSmallObjectsSmallBuffers(t *testing.T) {
+	s, _ := newStore(t)
+	const n = 100
+	sums := make([]string, n)
+	for i := range sums {
+		o, err := s.PutObject(ctx, "t", "", bytes.NewReader(random(4096)), 1<<20, time.Now().Add(time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sums[i] = o.SHA256
+	}
+	readers := make([]*ObjectReader, n) // all held open, as a sync holds them
+	grew := testenv.HeapGrowth(func() {
+		for i, sum := range sums {
+			r, err := s.OpenObject(ctx, "t", sum)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, err := io.ReadAll(r); err != nil || len(b) != 4096 {
+				t.Fatalf("read %d bytes, %v", len(b), err)
+			}
+			readers[i] = r
+		}
+	})
+	for _, r := range readers {
+		r.Close()
+	}
+	// 100 whole-chunk buffers would be 400 MiB.
+	if grew > 32<<20 {
+		t.Errorf("reading %d objects of 4 KiB held %d MiB", n, grew>>20)
 	}
 }

@@ -257,7 +257,10 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 			}
 			continue
 		}
-		if err := w.placeResource(ctx, rel, src, r); err != nil {
+		err := w.placeResource(ctx, rel, src, r)
+		src.Close() // what it holds goes now, not after the last resource
+		delete(opened, r.Name)
+		if err != nil {
 			return res, err
 		}
 		kept = append(kept, r)
