@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	mrand "math/rand/v2"
 	"os"
 	"path"
 	"strings"
@@ -108,8 +109,10 @@ func orUnknown(mt string) string {
 // the last slot (in this process or in other replicas) each counts the
 // others' records, and the one that finds too many gives its slot back
 // and is refused; none gets past the limit. A write that replaces a
-// recorded file takes no new slot. undo gives the slot back if the write
-// then fails; the record the write makes replaces the held one.
+// recorded file takes no new slot. Writes that all give their slots back
+// while there was room try again after a random while, a few times. undo
+// gives the slot back if the write then fails; the record the write makes
+// replaces the held one.
 func (f *Files) holdSlot(ctx context.Context, dest, cid string) (undo func(), err error) {
 	noop := func() {}
 	limit := f.sess.Config.Upload.MaxFileCount
@@ -131,27 +134,44 @@ func (f *Files) holdSlot(ctx context.Context, dest, cid string) (undo func(), er
 			return noop, nil
 		}
 	}
-	if err := st.PutUpload(ctx, &store.Upload{
-		Tenant: tenant, SessionID: id, Path: dest, ConversationID: cid, CreatedAt: time.Now().UTC(),
-	}); err != nil {
-		return nil, err
-	}
 	undo = func() {
 		if err := st.DeleteUploads(context.WithoutCancel(ctx), tenant, id, dest); err != nil {
 			f.m.log.Warn("giving back an upload slot", "session", id, "path", dest, "err", err)
 		}
 	}
-	held, err := st.CountUploads(ctx, tenant, id)
-	if err != nil {
+	for try := 1; ; try++ {
+		if err := st.PutUpload(ctx, &store.Upload{
+			Tenant: tenant, SessionID: id, Path: dest, ConversationID: cid, CreatedAt: time.Now().UTC(),
+		}); err != nil {
+			return nil, err
+		}
+		held, err := st.CountUploads(ctx, tenant, id)
+		if err != nil {
+			undo()
+			return nil, err
+		}
+		if held <= limit {
+			return undo, nil
+		}
 		undo()
-		return nil, err
+		if held-1 >= limit || try == holdTries {
+			return nil, fmt.Errorf("the session already holds %d uploaded files and max_file_count is %d: delete some first: %w", held-1, limit, errdefs.ErrFailedPrecondition)
+		}
+		// There was room, but other writes took slots at the same
+		// moment, and each gave its own back: try again after a random
+		// while, so that one of them gets it next time.
+		t := time.NewTimer(time.Duration(1+mrand.IntN(10*try)) * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, context.Cause(ctx)
+		case <-t.C:
+		}
 	}
-	if held > limit {
-		undo()
-		return nil, fmt.Errorf("the session already holds %d uploaded files and max_file_count is %d: delete some first: %w", held-1, limit, errdefs.ErrFailedPrecondition)
-	}
-	return undo, nil
 }
+
+// holdTries bounds holdSlot's tries when writes race for the last slots.
+const holdTries = 5
 
 // MakeDir makes the directory rel and any missing parents, the sandbox
 // user's.
@@ -387,13 +407,18 @@ func filesLeasePrefix(k key) string {
 	return fmt.Sprintf("files/%d/%s/%s/", len(k.tenant), k.tenant, k.id)
 }
 
-// holdFiles counts a file call on the entry's session and takes (or
-// renews) this process's file lease.
+// fileLease is this process's file lease on the session.
+func (m *Manager) fileLease(k key) string { return filesLeasePrefix(k) + m.opt.Replica }
+
+// holdFiles counts a file call on the entry's session; the first takes
+// this process's file lease (keepActive renews it while calls are open).
 func (m *Manager) holdFiles(ctx context.Context, e *entry) error {
 	e.fileMu.Lock()
 	defer e.fileMu.Unlock()
-	if _, _, err := m.opt.Store.TryLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica, fileLeaseTTL); err != nil {
-		return fmt.Errorf("session %q: a file call: %w", e.id, err)
+	if e.fileCalls == 0 {
+		if _, _, err := m.opt.Store.TryLease(ctx, m.fileLease(e.key), m.opt.Replica, fileLeaseTTL); err != nil {
+			return fmt.Errorf("session %q: a file call: %w", e.id, err)
+		}
 	}
 	e.fileCalls++
 	return nil
@@ -409,7 +434,7 @@ func (m *Manager) releaseFiles(e *entry) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := m.opt.Store.ReleaseLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica); err != nil {
+	if err := m.opt.Store.ReleaseLease(ctx, m.fileLease(e.key), m.opt.Replica); err != nil {
 		m.log.Warn("releasing a session's file lease; others wait until it runs out", "session", e.id, "err", err)
 	}
 }
@@ -421,7 +446,7 @@ func (m *Manager) renewFiles(ctx context.Context, e *entry) {
 	if e.fileCalls == 0 {
 		return
 	}
-	if _, _, err := m.opt.Store.TryLease(ctx, filesLeasePrefix(e.key)+m.opt.Replica, m.opt.Replica, fileLeaseTTL); err != nil {
+	if _, _, err := m.opt.Store.TryLease(ctx, m.fileLease(e.key), m.opt.Replica, fileLeaseTTL); err != nil {
 		m.log.Warn("renewing a session's file lease", "session", e.id, "err", err)
 	}
 }

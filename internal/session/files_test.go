@@ -15,7 +15,8 @@ import (
 
 // max_file_count holds against writes that come at once, as a hostile
 // client sends them: of many writes racing for the last slots, no more
-// succeed than there are slots, and the records agree with the files.
+// succeed than there are slots, and the records agree with the writes
+// that succeeded.
 // Replacing a recorded file takes no slot; a refused or failed write
 // leaves no record behind.
 func TestMaxFileCountUnderConcurrency(t *testing.T) {
@@ -62,15 +63,16 @@ func TestMaxFileCountUnderConcurrency(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok > limit || n > limit {
+		if ok > limit || n != ok {
 			t.Fatalf("round %d: %d writes succeeded and %d are recorded; max_file_count is %d", round, ok, n, limit)
 		}
-		// Free the slots for the next round.
+		// Free the slots for the next round. (Writes racing for the
+		// slots may all have been refused: then there is nothing.)
 		_, f, err := m.Workspace(ctx, "t", "s")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := f.Remove(ctx, fmt.Sprintf("r%d", round), true); err != nil {
+		if err := f.Remove(ctx, fmt.Sprintf("r%d", round), true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatal(err)
 		}
 		f.Close()

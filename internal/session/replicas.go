@@ -206,12 +206,13 @@ func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to stri
 	if to == api.StatusPaused {
 		return nil // a file call goes on over a frozen sandbox's workspace
 	}
-	leases, err := m.opt.Store.LiveLeases(ctx, filesLeasePrefix(key{rec.Tenant, rec.ID}))
+	k := key{rec.Tenant, rec.ID}
+	leases, err := m.opt.Store.LiveLeases(ctx, filesLeasePrefix(k))
 	if err != nil {
 		return err
 	}
 	for _, name := range leases {
-		if name != filesLeasePrefix(key{rec.Tenant, rec.ID})+m.opt.Replica { // this process's: entry.busy
+		if name != m.fileLease(k) { // this process's: entry.busy
 			return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "a file call is using its workspace; try again in a moment"}
 		}
 	}
