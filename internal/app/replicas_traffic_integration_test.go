@@ -307,7 +307,11 @@ func (cl *cluster) testOutcomeIsFinal(t *testing.T) {
 	ctx := context.Background()
 	sid := "final-" + token()
 	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid, TemplateID: "python"})
-	sub, err := cl.c(0).Submit(ctx, sid, api.ExecuteRequest{Code: "import time\nprint('started', flush=True)\ntime.sleep(3)\nreturn 'ran'"})
+	// The run ends when the test says so (a file appears), not after a
+	// time the test would have to beat.
+	code := "import os, time\nprint('started', flush=True)\n" +
+		"for _ in range(1200):\n    if os.path.exists('/workspace/go'): break\n    time.sleep(0.05)\nreturn 'ran'"
+	sub, err := cl.c(0).Submit(ctx, sid, api.ExecuteRequest{Code: code})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,6 +326,9 @@ func (cl *cluster) testOutcomeIsFinal(t *testing.T) {
 	rec.Status, rec.FinishedAt = api.ExecFailed, now
 	rec.Result, _ = json.Marshal(failed)
 	if err := cl.store.UpdateExecution(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.c(1).Upload(ctx, sid, client.UploadOptions{Path: "go"}, client.UploadFile{Name: "go", Reader: strings.NewReader("go")}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range cl.reps {

@@ -19,6 +19,7 @@ func testRWLock(t *testing.T, open func(t *testing.T) store.Store) {
 	s := open(t)
 	a, b := store.NewRWLock(s, "gc", "a"), store.NewRWLock(s, "gc", "b")
 	ctx := t.Context()
+	// short bounds the waits that must not end: the lock is held.
 	short := func() context.Context {
 		c, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 		t.Cleanup(cancel)
@@ -35,12 +36,12 @@ func testRWLock(t *testing.T, open func(t *testing.T) store.Store) {
 		t.Fatalf("a writer while another process reads: %v, want it to wait", err)
 	}
 	// The writer that gave up left nothing behind: b reads again.
-	if err := b.RLock(short()); err != nil {
+	if err := b.RLock(ctx); err != nil {
 		t.Fatalf("a reader after a writer gave up: %v", err)
 	}
 	b.RUnlock()
 	a.RUnlock()
-	if err := b.Lock(short()); err != nil {
+	if err := b.Lock(ctx); err != nil {
 		t.Fatalf("a writer with no readers: %v", err)
 	}
 	if err := a.RLock(short()); !errors.Is(err, context.DeadlineExceeded) {
@@ -50,7 +51,7 @@ func testRWLock(t *testing.T, open func(t *testing.T) store.Store) {
 		t.Fatalf("a second writer: %v, want it to wait", err)
 	}
 	b.Unlock()
-	if err := a.RLock(short()); err != nil {
+	if err := a.RLock(ctx); err != nil {
 		t.Fatalf("a reader after the writer: %v", err)
 	}
 	a.RUnlock()
