@@ -1,5 +1,6 @@
 // Package store defines the control plane's metadata store: the records of
-// sessions, executions and uploads that must outlive a server process, and
+// sessions, executions, uploads, documents and events that must outlive a
+// server process, and
 // the leases by which servers sharing a store divide work between them.
 // Backends: sqlite (one server, the default) and postgres (servers that
 // share one database: scale-out). Every backend passes storetest.Run.
@@ -26,6 +27,10 @@
 //   - The store does not check that a session exists before recording its
 //     executions and uploads: the layer above does that under its own
 //     locks.
+//   - Documents (the layer above's small JSON records: templates,
+//     webhooks, conversations) and events are a tenant's like sessions
+//     are; a document's write compares its Revision as a session's does.
+//     A tenant's events are numbered 1, 2, 3... in commit order.
 //   - Leases are the servers', not a tenant's: their names are global.
 //     Their times are the database server's clock where there is one
 //     (postgres), so that servers whose clocks disagree agree on when a
@@ -35,7 +40,10 @@ package store
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
 // Store keeps the control plane's records. It is safe for concurrent use.
@@ -143,6 +151,37 @@ type Store interface {
 	// released) whose names begin with prefix, sorted. An empty prefix
 	// is errdefs.ErrInvalidArgument: there is no listing every lease.
 	LiveLeases(ctx context.Context, prefix string) ([]string, error)
+
+	// PutDocument writes a document. At d.Revision 0 it creates it, and
+	// says errdefs.ErrAlreadyExists if the key is taken; otherwise it is a
+	// compare-and-swap on the revision the caller read: errdefs.ErrConflict
+	// if the document was written since, errdefs.ErrNotFound if it is
+	// gone. It sets d.Revision (1 when created, one more at each write),
+	// d.CreatedAt and d.UpdatedAt.
+	PutDocument(ctx context.Context, d *Document) error
+	// GetDocument returns one document; errdefs.ErrNotFound if there is
+	// none.
+	GetDocument(ctx context.Context, kind, tenant, key string) (*Document, error)
+	// ListDocuments returns a tenant's documents of a kind whose keys
+	// begin with prefix ("" for all), sorted by key, at most limit
+	// (1..1000) of them after the key after ("" from the start).
+	ListDocuments(ctx context.Context, kind, tenant, prefix, after string, limit int) ([]*Document, error)
+	// DeleteDocument deletes a document; errdefs.ErrNotFound if there is
+	// none. A revision other than 0 must be the document's, or it is
+	// errdefs.ErrConflict and the document stays.
+	DeleteDocument(ctx context.Context, kind, tenant, key string, revision int64) error
+
+	// AppendEvent records an event and sets e.Seq: one more than the
+	// tenant's last event's, so that a tenant's events are numbered 1, 2,
+	// 3... in the order they were committed, across servers, and a reader
+	// that saw event n has seen every event before it. e.CreatedAt is
+	// required.
+	AppendEvent(ctx context.Context, e *Event) error
+	// ListEvents returns a tenant's events after Seq f.After, oldest first.
+	ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
+	// TrimEvents deletes the events created before before, and returns
+	// how many it deleted. A tenant's numbering goes on from where it was.
+	TrimEvents(ctx context.Context, before time.Time) (int, error)
 
 	// Ping reports whether the store can serve requests.
 	Ping(ctx context.Context) error
@@ -253,4 +292,94 @@ type SessionFilter struct {
 	// PageToken is "" for the first page, else a previous page's
 	// nextPageToken.
 	PageToken string
+}
+
+// Document is a small JSON record of the layer above, kept per tenant
+// under a kind (templates, webhooks, conversations) and a key.
+type Document struct {
+	// Kind, Tenant and Key are the key. Key is at most 512 bytes.
+	Kind, Tenant, Key string
+	// Value is the document: valid JSON, at most 1 MiB.
+	Value json.RawMessage
+	// CreatedAt and UpdatedAt are set by the store.
+	CreatedAt, UpdatedAt time.Time
+	// Revision counts the document's writes; PutDocument and
+	// DeleteDocument compare it, as UpdateSession does a session's.
+	Revision int64
+}
+
+// Event is something that happened to a tenant's session or execution.
+type Event struct {
+	// Tenant is required; Seq numbers the tenant's events (AppendEvent
+	// sets it).
+	Tenant string
+	Seq    int64
+	// SessionID is the session it happened to ("" for none).
+	SessionID string
+	// Type says what happened (session.created, execution.finished...).
+	Type string
+	// Data is its details: JSON, or nil.
+	Data      json.RawMessage
+	CreatedAt time.Time
+}
+
+// EventFilter selects the events ListEvents returns.
+type EventFilter struct {
+	// Tenant is required.
+	Tenant string
+	// SessionID "" matches any.
+	SessionID string
+	// After is the Seq of the last event already seen (0 for none).
+	After int64
+	// Limit is the most events returned, 1..1000; 0 means 100.
+	Limit int
+}
+
+// Limits on documents that every backend enforces, as
+// errdefs.ErrInvalidArgument.
+const (
+	MaxDocumentKey   = 512
+	MaxDocumentValue = 1 << 20
+)
+
+// CheckDocument reports a document a backend must refuse.
+func CheckDocument(d *Document) error {
+	switch {
+	case d.Kind == "" || d.Tenant == "" || d.Key == "":
+		return fmt.Errorf("document: kind, tenant and key are required: %w", errdefs.ErrInvalidArgument)
+	case len(d.Key) > MaxDocumentKey:
+		return fmt.Errorf("document %s/%s: key is over %d bytes: %w", d.Kind, d.Key[:32], MaxDocumentKey, errdefs.ErrInvalidArgument)
+	case len(d.Value) > MaxDocumentValue:
+		return fmt.Errorf("document %s/%s: value is over %d bytes: %w", d.Kind, d.Key, MaxDocumentValue, errdefs.ErrInvalidArgument)
+	case !json.Valid(d.Value):
+		return fmt.Errorf("document %s/%s: value is not JSON: %w", d.Kind, d.Key, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// CheckEventFilter reports a filter a backend must refuse, and returns its
+// limit with the default filled in.
+func CheckEventFilter(f EventFilter) (int, error) {
+	switch {
+	case f.Tenant == "":
+		return 0, fmt.Errorf("events: tenant is required: %w", errdefs.ErrInvalidArgument)
+	case f.Limit < 0 || f.Limit > 1000:
+		return 0, fmt.Errorf("events: limit %d is not in 1..1000: %w", f.Limit, errdefs.ErrInvalidArgument)
+	case f.After < 0:
+		return 0, fmt.Errorf("events: after %d is negative: %w", f.After, errdefs.ErrInvalidArgument)
+	case f.Limit == 0:
+		return 100, nil
+	}
+	return f.Limit, nil
+}
+
+// CheckListDocuments reports a listing a backend must refuse.
+func CheckListDocuments(kind, tenant string, limit int) error {
+	if kind == "" || tenant == "" {
+		return fmt.Errorf("documents: kind and tenant are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if limit < 1 || limit > 1000 {
+		return fmt.Errorf("documents: limit %d is not in 1..1000: %w", limit, errdefs.ErrInvalidArgument)
+	}
+	return nil
 }

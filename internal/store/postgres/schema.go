@@ -112,6 +112,37 @@ CREATE TABLE leases (
 	`
 ALTER TABLE executions ADD COLUMN owner text COLLATE "C" NOT NULL DEFAULT '';
 `,
+	// 5: documents (templates, webhooks, conversations) and events,
+	// numbered per tenant by event_seqs: its row lock, held until the
+	// appending transaction commits, makes a tenant's numbers follow
+	// commit order, so a reader that saw n has seen everything before n.
+	`
+CREATE TABLE documents (
+	kind       text COLLATE "C" NOT NULL,
+	tenant     text COLLATE "C" NOT NULL,
+	key        text COLLATE "C" NOT NULL,
+	value      jsonb NOT NULL,
+	revision   bigint NOT NULL,
+	created_at timestamptz NOT NULL,
+	updated_at timestamptz NOT NULL,
+	PRIMARY KEY (kind, tenant, key)
+);
+CREATE TABLE event_seqs (
+	tenant text COLLATE "C" NOT NULL PRIMARY KEY,
+	seq    bigint NOT NULL
+);
+CREATE TABLE events (
+	tenant     text COLLATE "C" NOT NULL,
+	seq        bigint NOT NULL,
+	session_id text COLLATE "C" NOT NULL,
+	type       text COLLATE "C" NOT NULL,
+	data       jsonb,
+	created_at timestamptz NOT NULL,
+	PRIMARY KEY (tenant, seq)
+);
+CREATE INDEX events_by_session ON events (tenant, session_id, seq);
+CREATE INDEX events_by_time ON events (created_at);
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

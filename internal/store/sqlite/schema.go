@@ -111,6 +111,36 @@ CREATE TABLE leases (
 	`
 ALTER TABLE executions ADD COLUMN owner TEXT NOT NULL DEFAULT '';
 `,
+	// 7: documents (templates, webhooks, conversations) and events,
+	// numbered per tenant by event_seqs so that a tenant's numbers neither
+	// show another tenant's activity nor start again after a trim.
+	`
+CREATE TABLE documents (
+	kind       TEXT NOT NULL,
+	tenant     TEXT NOT NULL,
+	key        TEXT NOT NULL,
+	value      BLOB NOT NULL,
+	revision   INTEGER NOT NULL,
+	created_at INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (kind, tenant, key)
+) WITHOUT ROWID;
+CREATE TABLE event_seqs (
+	tenant TEXT NOT NULL PRIMARY KEY,
+	seq    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE events (
+	tenant     TEXT NOT NULL,
+	seq        INTEGER NOT NULL,
+	session_id TEXT NOT NULL,
+	type       TEXT NOT NULL,
+	data       BLOB,
+	created_at INTEGER NOT NULL,
+	PRIMARY KEY (tenant, seq)
+) WITHOUT ROWID;
+CREATE INDEX events_by_session ON events (tenant, session_id, seq);
+CREATE INDEX events_by_time ON events (created_at);
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

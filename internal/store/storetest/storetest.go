@@ -61,6 +61,12 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"LeaseHolder", testLeaseHolder},
 		{"LiveLeases", testLiveLeases},
 		{"RWLock", testRWLock},
+		{"Documents", testDocuments},
+		{"ListDocuments", testListDocuments},
+		{"DocumentErrors", testDocumentErrors},
+		{"ConcurrentDocumentUpdates", testConcurrentDocumentUpdates},
+		{"Events", testEvents},
+		{"ConcurrentEvents", testConcurrentEvents},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
