@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -54,6 +55,10 @@ var schemaOf = map[reflect.Type]string{
 	reflect.TypeFor[api.ResourceSync]():          "ResourceSync",
 	reflect.TypeFor[api.ResourceList]():          "ResourceList",
 	reflect.TypeFor[api.ContentUpload]():         "ContentUpload",
+	reflect.TypeFor[api.Template]():              "Template",
+	reflect.TypeFor[api.TemplateBuild]():         "TemplateBuild",
+	reflect.TypeFor[api.TemplateVersion]():       "TemplateVersion",
+	reflect.TypeFor[api.TemplateList]():          "TemplateList",
 }
 
 func loadDoc(t *testing.T) *openapi3.T {
@@ -136,16 +141,28 @@ func TestTypesMatchSchemas(t *testing.T) {
 	}
 }
 
-// TestEveryTypeHasASchema: each struct type declared in types.go is in
-// schemaOf, so the check above covers it.
+// TestEveryTypeHasASchema: each struct type declared in the package's
+// files is in schemaOf, so the check above covers it.
 func TestEveryTypeHasASchema(t *testing.T) {
-	f, err := parser.ParseFile(token.NewFileSet(), "types.go", nil, 0)
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
 	mapped := map[string]bool{}
 	for typ := range schemaOf {
 		mapped[typ.Name()] = true
+	}
+	for _, name := range files {
+		if !strings.HasSuffix(name, "_test.go") {
+			checkTypesMapped(t, name, mapped)
+		}
+	}
+}
+
+func checkTypesMapped(t *testing.T, file string, mapped map[string]bool) {
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, decl := range f.Decls {
 		gd, ok := decl.(*ast.GenDecl)

@@ -32,6 +32,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/template/registry"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -67,6 +68,9 @@ type Config struct {
 	ExecutorPath string
 	// TemplateDir holds built templates. Default DataDir/templates.
 	TemplateDir string
+	// TemplateBuilds is how many template builds over the API run at
+	// once; more queue. Default 1.
+	TemplateBuilds int
 	// Runtime makes the sandbox runtime of a name ("" = runc). Default: the
 	// OCI driver. Tests swap in a fake or a failing one.
 	Runtime func(name string) (runtime.Runtime, error)
@@ -149,6 +153,7 @@ type App struct {
 	Store     store.Store
 	Sessions  *session.Manager
 	Execs     *execution.Service
+	Templates *registry.Registry
 	log       *slog.Logger
 	leader    *leadership
 	replica   string // this process's name among the replicas
@@ -256,8 +261,18 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		// collects: a fence in the store keeps the two apart.
 		snaps.ShareWith(store.NewRWLock(st, "blob-collect", replica))
 	}
+	// The tenants' templates: their records in the store, their builds
+	// and build logs on this server.
+	var registryAlive func(ctx context.Context, replica string) (bool, error)
+	if !local {
+		registryAlive = isAlive
+	}
+	reg := registry.New(registry.Config{
+		Templates: templates, Store: st, Replica: replica, Alive: registryAlive,
+		Builds: cfg.TemplateBuilds, LogDir: filepath.Join(cfg.DataDir, "template-logs"), Log: log,
+	})
 	mgr := session.New(session.Options{
-		Store: st, Templates: templates, Runtime: newRuntime,
+		Store: st, Templates: templates, Resolve: reg.Resolve, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snaps, Pools: cfg.Pools,
@@ -293,17 +308,19 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err := execs.Recover(ctx); err != nil {
 		execs.Close()
 		mgr.Close()
+		reg.Close()
 		st.Close()
 		return nil, fmt.Errorf("recovering executions: %w", err)
 	}
 	if err := mgr.Start(ctx); err != nil {
 		execs.Close()
 		mgr.Close()
+		reg.Close()
 		st.Close()
 		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
 	srv := server.New(server.Options{
-		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Keys: cfg.Keys, SigningKey: key,
+		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -313,7 +330,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
 	app.wg.Add(1)
 	go app.beat()
 	return app, nil
@@ -330,6 +347,7 @@ func (a *App) close() {
 	a.wg.Wait()
 	a.Execs.Close()
 	a.Sessions.Close()
+	a.Templates.Close()
 	a.leader.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	a.Store.ReleaseLease(ctx, replicaLease(a.replica), a.replica)

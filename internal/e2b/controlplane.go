@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -181,7 +182,7 @@ func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, h.sandboxJSON(c, sess, false))
+	writeJSON(w, http.StatusCreated, h.sandboxJSON(r.Context(), c, sess, false))
 }
 
 // newSandboxID makes an id like E2B's: "i" and 19 lowercase letters and
@@ -203,7 +204,7 @@ func newSandboxID() string {
 // sandboxJSON describes a session as E2B does: for a create or connect
 // by c, with the sandbox's tokens; with detail, without them and with
 // what GET /sandboxes/{id} and the list give.
-func (h *Handler) sandboxJSON(c caller, s *session.Session, detail bool) sandboxJSON {
+func (h *Handler) sandboxJSON(ctx context.Context, c caller, s *session.Session, detail bool) sandboxJSON {
 	tmpl := s.Metadata[metaTemplate]
 	if tmpl == "" {
 		tmpl = s.TemplateID
@@ -222,7 +223,7 @@ func (h *Handler) sandboxJSON(c caller, s *session.Session, detail bool) sandbox
 	started, end := s.CreatedAt, s.ExpiresAt
 	out.StartedAt, out.EndAt = &started, &end
 	cpu, mem, disk := 1, int64(512), int64(0)
-	if spec, err := h.opt.Sessions.Template(s.TemplateID); err == nil {
+	if spec, err := h.opt.Sessions.Template(ctx, s.Tenant, s.TemplateID); err == nil {
 		if spec.Resources.CPU > 0 {
 			cpu = int(math.Ceil(spec.Resources.CPU))
 		}
@@ -274,7 +275,7 @@ func (h *Handler) getSandbox(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, h.sandboxJSON(caller{tenant: tenant}, s, true))
+	writeJSON(w, http.StatusOK, h.sandboxJSON(r.Context(), caller{tenant: tenant}, s, true))
 }
 
 // killSandbox: DELETE /sandboxes/{id}: the session is deleted, workspace
@@ -399,7 +400,7 @@ func (h *Handler) connectSandbox(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
-	writeJSON(w, code, h.sandboxJSON(c, s, false))
+	writeJSON(w, code, h.sandboxJSON(r.Context(), c, s, false))
 }
 
 // listSandboxes: GET [/v2]/sandboxes: the tenant's sessions that are not
@@ -463,7 +464,7 @@ func (h *Handler) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		if s.Status == api.StatusTerminated {
 			continue
 		}
-		sj := h.sandboxJSON(caller{tenant: tenant}, s, true)
+		sj := h.sandboxJSON(r.Context(), caller{tenant: tenant}, s, true)
 		if len(states) > 0 && !states[sj.State] {
 			continue
 		}

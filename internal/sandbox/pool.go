@@ -118,7 +118,7 @@ func (s *Service) fill(p *pool) {
 }
 
 func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error) {
-	spec, err := s.Spec(name)
+	spec, err := s.Spec(ctx, "", name)
 	if err != nil {
 		return nil, err
 	}
@@ -201,8 +201,10 @@ func (s *Service) Claim(req Request) (*Pooled, bool) {
 	if p == nil {
 		return nil, false
 	}
-	spec, err := s.Spec(req.Template)
-	if err != nil {
+	// A pool is of the operator's template (or a built-in's): a tenant's
+	// own template of the same name is another template.
+	spec, err := s.Spec(context.Background(), req.Tenant, req.Template)
+	if err != nil || spec.Owner != "" {
 		return nil, false
 	}
 	def := spec.Resources.WithDefaults()
@@ -239,7 +241,7 @@ func (s *Service) Claim(req Request) (*Pooled, bool) {
 // CheckPools checks that every pool's template exists.
 func (s *Service) CheckPools() error {
 	for name := range s.pools {
-		if _, err := s.Spec(name); err != nil {
+		if _, err := s.Spec(context.Background(), "", name); err != nil {
 			return fmt.Errorf("warm pool: %w", err)
 		}
 	}

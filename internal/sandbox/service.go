@@ -68,6 +68,10 @@ func Attach(rt runtime.Runtime, id string) *Sandbox {
 // Config configures a Service.
 type Config struct {
 	Templates *template.Store
+	// Resolve returns the spec of a tenant's template name (a built-in,
+	// the tenant's own, the operator's); an unknown name is
+	// ErrInvalidArgument. Default: built-ins and the operator's.
+	Resolve func(ctx context.Context, tenant, name string) (template.Spec, error)
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
@@ -168,19 +172,31 @@ func (s *Service) Runtime(name string) (runtime.Runtime, error) {
 	return rt, nil
 }
 
-// Spec resolves a template name to its spec: a built-in or one defined in
-// the template store. Unknown names are ErrInvalidArgument.
-func (s *Service) Spec(name string) (template.Spec, error) {
+// Spec resolves a tenant's template name to its spec (Config.Resolve).
+func (s *Service) Spec(ctx context.Context, tenant, name string) (template.Spec, error) {
+	if s.cfg.Resolve != nil {
+		return s.cfg.Resolve(ctx, tenant, name)
+	}
 	if spec, ok := template.Builtin(name); ok {
 		return spec, nil
 	}
 	spec, err := s.cfg.Templates.Named(name)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		names := []string{}
-		for _, b := range template.Builtins() {
-			names = append(names, b.Name)
+		return spec, fmt.Errorf("template_id %q: no such template: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return spec, err
+}
+
+// specFor is Spec for a session pinned to build (its hash, "" for none):
+// a template deleted while sessions use it (DELETE ?force=true) leaves
+// them the spec their build was made from.
+func (s *Service) specFor(ctx context.Context, tenant, name, build string) (template.Spec, error) {
+	spec, err := s.Spec(ctx, tenant, name)
+	if err != nil && build != "" && errors.Is(err, errdefs.ErrInvalidArgument) {
+		if t, gerr := s.cfg.Templates.Get(build); gerr == nil {
+			t.Spec.Owner = tenant
+			return t.Spec, nil
 		}
-		return spec, fmt.Errorf("template_id %q: no such template (built-in: %v): %w", name, names, errdefs.ErrInvalidArgument)
 	}
 	return spec, err
 }
@@ -224,7 +240,7 @@ type Request struct {
 // session's workspace. It returns the sandbox and the template build it
 // runs, for the session's record.
 func (s *Service) Create(ctx context.Context, req Request) (*Sandbox, string, error) {
-	spec, err := s.Spec(req.Template)
+	spec, err := s.specFor(ctx, req.Tenant, req.Template, req.Build)
 	if err != nil {
 		return nil, "", err
 	}
@@ -295,11 +311,11 @@ func (s *Service) Destroy(ctx context.Context, sb *Sandbox) {
 	s.cfg.Events("destroy")
 }
 
-// DestroyRecorded destroys the sandbox id, which a session of template
-// templateID records, when this process does not hold it (another
-// process started it).
-func (s *Service) DestroyRecorded(ctx context.Context, templateID, id string) {
-	spec, err := s.Spec(templateID)
+// DestroyRecorded destroys the sandbox id, which a tenant's session of
+// template templateID, pinned to build, records, when this process does
+// not hold it (another process started it).
+func (s *Service) DestroyRecorded(ctx context.Context, tenant, templateID, build, id string) {
+	spec, err := s.specFor(ctx, tenant, templateID, build)
 	if err != nil {
 		s.log.Warn("cannot destroy sandbox: template unknown", "sandbox", id, "err", err)
 		return
@@ -314,13 +330,13 @@ func (s *Service) DestroyRecorded(ctx context.Context, templateID, id string) {
 	}
 }
 
-// Reattach returns the sandbox id of a session of template templateID, if
-// its runtime has it running or frozen (another replica started it, or a
-// previous process), whether it is frozen, and what it was given. One
-// that is stopped is destroyed; nil means the session has no sandbox any
-// more.
-func (s *Service) Reattach(ctx context.Context, templateID, id string) (sb *Sandbox, frozen bool, res runtime.Resources, err error) {
-	spec, err := s.Spec(templateID)
+// Reattach returns the sandbox id of a tenant's session of template
+// templateID, pinned to build, if its runtime has it running or frozen
+// (another replica started it, or a previous process), whether it is
+// frozen, and what it was given. One that is stopped is destroyed; nil
+// means the session has no sandbox any more.
+func (s *Service) Reattach(ctx context.Context, tenant, templateID, build, id string) (sb *Sandbox, frozen bool, res runtime.Resources, err error) {
+	spec, err := s.specFor(ctx, tenant, templateID, build)
 	if err != nil {
 		return nil, false, res, err
 	}
@@ -478,7 +494,7 @@ func (s *Service) Prebuild(names []string) {
 	go func() {
 		defer s.wg.Done()
 		for _, name := range names {
-			spec, err := s.Spec(name)
+			spec, err := s.Spec(s.ctx, "", name)
 			if err != nil {
 				s.log.Warn("prebuild", "template", name, "err", err)
 				continue

@@ -110,7 +110,7 @@ func TestReattach(t *testing.T) {
 		{"stopped", false, false},
 		{"gone", false, false},
 	} {
-		sb, frozen, _, err := s.Reattach(ctx, "python", tc.id)
+		sb, frozen, _, err := s.Reattach(ctx, "t", "python", "", tc.id)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.id, err)
 		}
@@ -124,7 +124,7 @@ func TestReattach(t *testing.T) {
 	if _, err := rt.Inspect(ctx, "stopped"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a stopped sandbox after Reattach: %v, want it destroyed", err)
 	}
-	if _, _, _, err := s.Reattach(ctx, "no-such-template", "running"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, _, _, err := s.Reattach(ctx, "t", "no-such-template", "", "running"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("Reattach with an unknown template: %v, want ErrInvalidArgument", err)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/template/registry"
 )
 
 // Options configure a Server.
@@ -34,6 +35,8 @@ type Options struct {
 	// copies behind presigned URLs: objects in the tenants' chunk
 	// areas of the snapshot store, which its one collector frees.
 	Objects *snapshot.Store
+	// Templates are the tenants' templates.
+	Templates *registry.Registry
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -116,6 +119,12 @@ func (s *Server) routes() {
 	s.handle("POST "+p+"/agents/{agent_id}/files/upload", s.agentUpload)
 	s.handle("GET "+p+"/agents/{agent_id}/files", s.agentListFiles)
 	s.handle("GET "+p+"/agents/{agent_id}/files/{path...}", s.agentDownload)
+	s.handle("GET "+p+"/templates", s.needTemplates(s.listTemplates))
+	s.handle("POST "+p+"/templates", s.needTemplates(s.createTemplate))
+	s.handle("GET "+p+"/templates/{name}", s.needTemplates(s.getTemplate))
+	s.handle("DELETE "+p+"/templates/{name}", s.needTemplates(s.deleteTemplate))
+	s.handle("GET "+p+"/templates/{name}/builds/{build_id}/logs", s.needTemplates(s.templateBuildLogs))
+	s.handle("POST "+p+"/templates/{name}/builds/{build_id}/cancel", s.needTemplates(s.cancelTemplateBuild))
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.handle("/mcp", s.serveMCP)

@@ -345,7 +345,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	e.saving = true
 	e.unlock()
 	if sb == nil && rec.SandboxID != "" {
-		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 		rec.SandboxID = ""
 		if err := m.save(ctx, rec); err != nil {
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
@@ -646,7 +646,7 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 	if sb != nil {
 		m.sbx.Destroy(ctx, sb)
 	} else if rec.SandboxID != "" {
-		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 	}
 	rec.SandboxID = ""
 	s, err := m.decode(rec)

@@ -58,7 +58,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if req.TemplateID == "" {
 		req.TemplateID = DefaultTemplate
 	}
-	spec, err := m.Template(req.TemplateID)
+	spec, err := m.Template(ctx, tenant, req.TemplateID)
 	if err != nil {
 		return nil, false, err
 	}
@@ -246,7 +246,7 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 		}
 	}
 	if rec.SandboxID != "" && rec.SandboxID != held {
-		m.sbx.DestroyRecorded(ctx, rec.TemplateID, rec.SandboxID)
+		m.sbx.DestroyRecorded(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 	}
 	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing workspace", "session", k.id, "err", err)

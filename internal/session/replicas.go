@@ -91,7 +91,7 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 // cleared from the record (nil), so that the next start makes a new one
 // over the same workspace. The caller holds the session's lock.
 func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox.Sandbox, frozen bool, err error) {
-	sb, frozen, res, err := m.sbx.Reattach(ctx, rec.TemplateID, rec.SandboxID)
+	sb, frozen, res, err := m.sbx.Reattach(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 	if err != nil {
 		return nil, false, err
 	}

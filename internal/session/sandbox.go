@@ -409,8 +409,11 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	runtimeOf := func(rec *store.Session) string {
-		if spec, err := m.Template(rec.TemplateID); err == nil {
+		if spec, err := m.sbx.Spec(ctx, rec.Tenant, rec.TemplateID); err == nil {
 			return spec.Runtime
+		}
+		if t, err := m.opt.Templates.Get(pinnedBuild(rec)); err == nil {
+			return t.Spec.Runtime // its template was deleted while it ran
 		}
 		return ""
 	}

@@ -38,6 +38,10 @@ import (
 type Options struct {
 	Store     store.Store
 	Templates *template.Store
+	// Resolve returns the spec of a tenant's template name (a built-in,
+	// the tenant's own, the operator's). Default: built-ins and the
+	// operator's.
+	Resolve func(ctx context.Context, tenant, name string) (template.Spec, error)
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
@@ -234,7 +238,7 @@ func New(opt Options) *Manager {
 		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
 	})
 	m.sbx = sandbox.New(sandbox.Config{
-		Templates: opt.Templates, Runtime: opt.Runtime, Dirs: m.ws,
+		Templates: opt.Templates, Resolve: opt.Resolve, Runtime: opt.Runtime, Dirs: m.ws,
 		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
 		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
 	})
@@ -283,7 +287,19 @@ func (m *Manager) peek(k key) *entry {
 
 // Template resolves a template name to its spec: a built-in or one
 // defined in the template store. Unknown names are ErrInvalidArgument.
-func (m *Manager) Template(name string) (template.Spec, error) { return m.sbx.Spec(name) }
+func (m *Manager) Template(ctx context.Context, tenant, name string) (template.Spec, error) {
+	return m.sbx.Spec(ctx, tenant, name)
+}
+
+// pinnedBuild is the template build a session's record pins, "" for none
+// (or a record that cannot be read, which decode reports).
+func pinnedBuild(rec *store.Session) string {
+	var c struct {
+		TemplateHash string `json:"template_hash"`
+	}
+	json.Unmarshal(rec.Config, &c)
+	return c.TemplateHash
+}
 
 func (m *Manager) decode(rec *store.Session) (*Session, error) {
 	s := &Session{Session: *rec, SandboxState: api.SandboxNone}

@@ -52,6 +52,13 @@ type Spec struct {
 	// Preload lists Python modules the zygote imports before the first
 	// execution.
 	Preload []string `json:"preload,omitempty"`
+
+	// Owner is the tenant a template defined over the API belongs to, ""
+	// for built-ins and the operator's (sbx template build). It is part
+	// of the hash, so that tenants never share a build: a build that is
+	// already there answers at once, and that would tell one tenant what
+	// another has built. It is not part of the JSON users write.
+	Owner string `json:"-"`
 }
 
 // Duration is a time.Duration that reads and writes JSON as "30s".
@@ -241,6 +248,7 @@ type hashInput struct {
 	Stubs    []string   `json:"stubs"`
 	Files    [][]string `json:"files"`
 	UIDShift uint32     `json:"uid_shift"`
+	Owner    string     `json:"owner,omitempty"`
 }
 
 // Hash is the hex sha256 of what determines s's rootfs, for the default
@@ -257,6 +265,7 @@ func (s Spec) HashWithShift(shift uint32) string {
 		Stubs:    s.stubs(),
 		Files:    [][]string{},
 		UIDShift: shift,
+		Owner:    s.Owner,
 	}
 	for _, p := range slices.Sorted(maps.Keys(s.Files)) {
 		// The content's own hash, not the content: JSON would turn invalid

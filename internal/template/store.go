@@ -346,6 +346,9 @@ func (s *Store) readName(name string) (*nameRecord, error) {
 // setName points spec.Name at hash, unless it already does so with the
 // same spec.
 func (s *Store) setName(spec Spec, hash string) error {
+	if spec.Owner != "" {
+		return nil // a tenant's names are its own: the registry's, not the store's
+	}
 	want, err := json.Marshal(nameRecord{Hash: hash, Spec: spec})
 	if err != nil {
 		return err
@@ -419,6 +422,11 @@ func (s *Store) Remove(ctx context.Context, hash string) error {
 	full, err := s.resolveHash(hash)
 	if err != nil {
 		return err
+	}
+	for _, d := range []string{"locks", "tmp"} {
+		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
+			return err
+		}
 	}
 	lock, err := lockFile(ctx, s.path("locks", full+".lock"))
 	if err != nil {
