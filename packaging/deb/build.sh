@@ -41,17 +41,15 @@ for b in bin/sbx bin/sbx-executor; do
 done
 
 epoch=$(git log -1 --format=%ct 2>/dev/null || date +%s)
-case "$version" in
-v[0-9]* | [0-9]*)
+# A release tag is v1..., or 1.2...; an abbreviated hash may start with a
+# digit too (0eaec4d), but has no dot.
+if [[ $version =~ ^v[0-9] || $version =~ ^[0-9]+\.[0-9] ]]; then
 	debversion=${version#v}
-	;;
-dev)
+elif [ "$version" = dev ]; then
 	debversion=0.0~dev
-	;;
-*)
+else
 	debversion=0.0~git$(date -u -d "@$epoch" +%Y%m%d%H%M%S)+$version
-	;;
-esac
+fi
 debversion=${debversion/-rc/\~rc}
 debversion=${debversion//-/+}
 if ! [[ $debversion =~ ^[0-9][A-Za-z0-9.+~]*$ ]]; then
