@@ -5,7 +5,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X github.com/sbx-sandbox/sbx/internal/executor.Version=$(VERSION)
 
-.PHONY: all setup build test test-integration bench lint run ci clean
+.PHONY: all setup build test test-integration bench lint run deb test-deb ci clean
 
 all: build
 
@@ -45,9 +45,24 @@ lint:
 run: build
 	bin/sbx serve
 
+# deb: bin/sbx_DEBVERSION_amd64.deb, the Debian package (packaging/deb:
+# both binaries, the hardened systemd unit, /etc/default/sbx, the Grafana
+# dashboard). build.sh says how VERSION becomes a Debian version. DEBDIR
+# puts the package elsewhere.
+DEBDIR ?= bin
+deb: build
+	@packaging/deb/build.sh '$(VERSION)' '$(DEBDIR)'
+
+# test-deb installs the package, checks the unit with systemd-analyze,
+# serves with the unit's command line and runs code through it, then
+# purges the package (root; scripts/test-deb.sh).
+test-deb:
+	scripts/test-deb.sh
+
 # ci is what .ci/run runs (after scripts/setup.sh): everything a change must
-# pass. The integration run includes the unit tests, so they run once.
-ci: lint test-integration
+# pass. The integration run includes the unit tests, so they run once; the
+# package's test runs after it, when the python template is built.
+ci: lint test-integration test-deb
 
 clean:
 	rm -rf bin

@@ -37,6 +37,9 @@ done
 # (internal/testenv/pgtest), and never use a system cluster.
 if $testing; then
 	pkgs+=(postgresql)
+	# systemd-analyze, for scripts/test-deb.sh to verify the package's unit
+	# (the test needs no running systemd).
+	pkgs+=(systemd)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
