@@ -22,6 +22,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/usage"
 )
 
 // Options configure a Server.
@@ -34,6 +35,9 @@ type Options struct {
 	// copies behind presigned URLs: objects in the tenants' chunk
 	// areas of the snapshot store, which its one collector frees.
 	Objects *snapshot.Store
+	// Usage samples the sandboxes this process holds: the
+	// sessions' metrics and E2B's getMetrics. Nil: neither is available.
+	Usage *usage.Sampler
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -99,6 +103,7 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/sessions/{session_id}/snapshots/{snapshot_id}", s.getSnapshot)
 	s.handle("DELETE "+p+"/sessions/{session_id}/snapshots/{snapshot_id}", s.deleteSnapshot)
 	s.handle("POST "+p+"/sessions/{session_id}/snapshots/{snapshot_id}/restore", s.restoreSnapshot)
+	s.handle("GET "+p+"/sessions/{session_id}/metrics", s.getSessionMetrics)
 	s.handle("POST "+p+"/sessions/{session_id}/execute", s.execute)
 	s.handle("GET "+p+"/sessions/{session_id}/executions", s.listExecutions)
 	s.handle("GET "+p+"/executions/{execution_id}", s.getExecution)

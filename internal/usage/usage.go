@@ -411,3 +411,21 @@ func (r *ring) at(i int) Sample { return r.buf[(r.start+i)%len(r.buf)] }
 
 // cpu is the sandbox's CPU time as last read.
 func (r *ring) cpu() uint64 { return max(r.last.cpuNanos, r.final) }
+
+// Now is what a request for a session's metrics answers: a reading of
+// ref's sandbox taken now (Read) and the samples of it taken at or after
+// since. Both are empty when there is no sandbox to read: ref nil, or
+// the sandbox gone since it was named.
+func (s *Sampler) Now(ctx context.Context, ref *session.SandboxRef, since time.Time) (*Sample, []Sample, error) {
+	if ref == nil {
+		return nil, []Sample{}, nil
+	}
+	cur, err := s.Read(ctx, *ref)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil, []Sample{}, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return &cur, s.History(ref.Tenant, ref.Session, ref.ID, since), nil
+}
