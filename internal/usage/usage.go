@@ -145,6 +145,10 @@ func (s *Sampler) Close() {
 	s.wg.Wait()
 }
 
+// Pass runs a pass now, besides those Start runs (tests, benchmarks), and
+// reports how many sandboxes it read.
+func (s *Sampler) Pass(ctx context.Context) int { return s.pass(ctx) }
+
 // pass reads every sandbox held, and forgets the sessions whose sandbox
 // is no longer held or gone from its runtime. It reports how many it read.
 func (s *Sampler) pass(ctx context.Context) int {
