@@ -30,6 +30,8 @@ var schemaOf = map[reflect.Type]string{
 	reflect.TypeFor[api.SessionList]():           "SessionList",
 	reflect.TypeFor[api.Snapshot]():              "Snapshot",
 	reflect.TypeFor[api.SnapshotList]():          "SnapshotList",
+	reflect.TypeFor[api.SessionMetrics]():        "SessionMetrics",
+	reflect.TypeFor[api.MetricsSample]():         "MetricsSample",
 	reflect.TypeFor[api.DeleteSessionResponse](): "DeleteSessionResponse",
 	reflect.TypeFor[api.KeepaliveRequest]():      "KeepaliveRequest",
 	reflect.TypeFor[api.ExecuteRequest]():        "ExecuteRequest",

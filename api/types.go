@@ -176,6 +176,41 @@ type SnapshotList struct {
 	Snapshots []Snapshot `json:"snapshots"`
 }
 
+// SessionMetrics is GET /sessions/{id}/metrics (R-86): the usage of the
+// session's sandbox, now and over the last minutes.
+type SessionMetrics struct {
+	SessionID string `json:"session_id"`
+	// Sandbox is what the session has: none, starting, running, paused
+	// or hibernated. Only a running or paused sandbox has readings.
+	Sandbox string `json:"sandbox"`
+	// IntervalSeconds is the time between two samples.
+	IntervalSeconds float64 `json:"interval_seconds"`
+	// Current is a reading taken for the request.
+	Current *MetricsSample `json:"current,omitempty"`
+	// Samples are the readings the server took, oldest first.
+	Samples []MetricsSample `json:"samples"`
+}
+
+// MetricsSample is one reading of a sandbox.
+type MetricsSample struct {
+	Timestamp time.Time `json:"timestamp"`
+	// CPUUsedPct is the CPU used since the reading before, as a
+	// percentage of what the sandbox's CPUCount cores allow.
+	CPUUsedPct float64 `json:"cpu_used_pct"`
+	CPUCount   float64 `json:"cpu_count"`
+	// MemoryUsedBytes is what the memory limit counts, page cache
+	// (MemoryCacheBytes) included.
+	MemoryUsedBytes  int64 `json:"memory_used_bytes"`
+	MemoryCacheBytes int64 `json:"memory_cache_bytes"`
+	MemoryLimitBytes int64 `json:"memory_limit_bytes"`
+	// DiskUsedBytes and DiskLimitBytes are the workspace's, as its disk
+	// quota counts; 0 (absent) when the server has no disk quotas.
+	DiskUsedBytes  int64 `json:"disk_used_bytes,omitempty"`
+	DiskLimitBytes int64 `json:"disk_limit_bytes,omitempty"`
+	PIDs           int64 `json:"pids"`
+	PIDsLimit      int64 `json:"pids_limit"`
+}
+
 // SessionList is a page of GET /sessions (R-03).
 type SessionList struct {
 	Sessions      []Session `json:"sessions"`

@@ -18,6 +18,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	sbxusage "github.com/sbx-sandbox/sbx/internal/usage"
 )
 
 const serveUsage = `usage: sbx serve [flags]
@@ -66,6 +67,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		presignMax = fs.Int64("presign-max-bytes", server.DefaultPresignMaxBytes, "largest file a presigned URL is made for (a presign reads, hashes and stores all of it)")
 		e2bTTL     = fs.Duration("e2b-token-ttl", e2b.DefaultTokenTTL, "how long an E2B sandbox's access token stays good")
 		imageSize  = fs.Int64("workspace-image-size", 0, "size in `GiB` of the workspace image when it is made (sparse; default 64, at most 90% of the free disk)")
+		metricsInt = fs.Duration("metrics-interval", sbxusage.DefaultInterval, "how often each sandbox's CPU, memory, disk and processes are sampled (GET /api/v1/sessions/ID/metrics, /metrics)")
+		metricsKep = fs.Duration("metrics-history", sbxusage.DefaultKeep, "how far back each session's samples go")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
@@ -148,6 +151,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
 		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes,
+		MetricsInterval: *metricsInt, MetricsHistory: *metricsKep,
 		Edge:      server.EdgeLimits{ReadHeaderTimeout: *hdrTime, IdleTimeout: *connIdle, BodyTimeout: *bodyTime, MinBodyRate: *bodyRate},
 		Snapshots: snapshot.Limits{MaxDepth: *snapDepth, MaxPath: *snapPath, MaxEntries: *snapN, MaxBytes: *snapBytes, Timeout: *snapTime},
 	})

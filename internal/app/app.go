@@ -33,6 +33,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/template/registry"
+	"github.com/sbx-sandbox/sbx/internal/usage"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -82,6 +83,10 @@ type Config struct {
 	MaxSandboxes int
 	// ReapInterval is how often the reaper runs (default 5s).
 	ReapInterval time.Duration
+	// MetricsInterval is how often the sandboxes' usage is sampled
+	// (R-86; default 5s), and MetricsHistory how far back each session's
+	// samples go (default 15m).
+	MetricsInterval, MetricsHistory time.Duration
 	// Pools sizes the warm pool of each template named.
 	Pools map[string]int
 	// Limits are every tenant's limits (R-79; zero fields: no bound), and
@@ -154,6 +159,7 @@ type App struct {
 	Sessions  *session.Manager
 	Execs     *execution.Service
 	Templates *registry.Registry
+	Usage     *usage.Sampler
 	log       *slog.Logger
 	leader    *leadership
 	replica   string // this process's name among the replicas
@@ -252,6 +258,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		isAlive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
 	}
 	var metrics *server.Metrics
+	var sampler *usage.Sampler // made after the manager, whose sandboxes it samples
 	// One content-addressed store with one collector (the session
 	// reaper's, on the leader): snapshots, hibernated workspaces, resource
 	// content and presigned copies.
@@ -300,8 +307,17 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 				metrics.Reaped(took, acted)
 			}
 		},
+		Destroying: func(ctx context.Context, rt runtime.Runtime, id string) {
+			if sampler != nil {
+				sampler.Final(ctx, rt, id)
+			}
+		},
+	})
+	sampler = usage.New(usage.Config{
+		Held: mgr.Held, Disk: quotas.Usage, Interval: cfg.MetricsInterval, Keep: cfg.MetricsHistory, Log: log,
 	})
 	metrics = server.NewMetrics(st, mgr)
+	metrics.RegisterUsage(sampler)
 	// What an SQLite server finds unfinished at start is a previous
 	// process's, failed at once (Alive nil).
 	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive})
@@ -319,8 +335,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
+	sampler.Start()
 	srv := server.New(server.Options{
-		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Keys: cfg.Keys, SigningKey: key,
+		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -330,7 +347,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, Usage: sampler, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
 	app.wg.Add(1)
 	go app.beat()
 	return app, nil
@@ -345,6 +362,7 @@ func (a *App) Close() {
 func (a *App) close() {
 	close(a.stop)
 	a.wg.Wait()
+	a.Usage.Close()
 	a.Execs.Close()
 	a.Sessions.Close()
 	a.Templates.Close()

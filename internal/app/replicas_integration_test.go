@@ -548,6 +548,13 @@ func (cl *cluster) testCreateElsewhere(t *testing.T) {
 	if x.Stdout != "hello from 42\n" {
 		t.Errorf("execute through replica 1: stdout %q, want %q", x.Stdout, "hello from 42\n")
 	}
+	// Replica 0 holds no sandbox of the session (replica 1 started it):
+	// its metrics read the one the record names, on this host.
+	if m, err := cl.c(0).SessionMetrics(ctx, sid, time.Time{}); err != nil {
+		t.Errorf("metrics through replica 0 of the sandbox replica 1 started: %v", err)
+	} else if c := m.Current; m.Sandbox != api.SandboxRunning || c == nil || c.MemoryUsedBytes == 0 || c.CPUCount == 0 || c.DiskLimitBytes == 0 {
+		t.Errorf("metrics through replica 0 of the sandbox replica 1 started: %+v (current %+v)", m, c)
+	}
 
 	var streamed strings.Builder
 	var mu sync.Mutex

@@ -49,6 +49,7 @@ func (h *Handler) controlRoutes() {
 		m.HandleFunc("POST "+p+"/{id}/resume", h.connectSandbox)
 		m.HandleFunc("POST "+p+"/{id}/connect", h.connectSandbox)
 	}
+	m.HandleFunc("GET /sandboxes/{id}/metrics", h.sandboxMetrics) // not under /v2 in E2B either
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, http.StatusNotFound, fmt.Sprintf("no E2B endpoint %s %s in sbx (docs/e2b.md lists what is supported)", r.Method, r.URL.Path))
 	})

@@ -27,6 +27,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/usage"
 )
 
 // Ports the SDKs name in E2b-Sandbox-Port.
@@ -46,6 +47,8 @@ type Options struct {
 	Sessions   *session.Manager
 	Executions *execution.Service
 	Auth       Auth
+	// Usage answers getMetrics from the sandboxes' samples.
+	Usage *usage.Sampler
 	// SigningKey makes the sandboxes' access and traffic tokens.
 	SigningKey []byte
 	// TokenTTL is how long an access token stays good; default

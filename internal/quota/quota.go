@@ -43,6 +43,10 @@ type Dirs interface {
 	SetLimit(ctx context.Context, dir string, limit int64) error
 	// Remove removes dir and everything under it; absent is not an error.
 	Remove(ctx context.Context, dir string) error
+	// Usage reports the bytes dir (made by Make) holds, as its quota
+	// counts them, and its limit; ErrUnsupported where the mechanism
+	// cannot say cheaply (None).
+	Usage(ctx context.Context, dir string) (used, limit int64, err error)
 	// Kind names the mechanism ("btrfs", "none") for logs and errors.
 	Kind() string
 }

@@ -307,3 +307,55 @@ func TestImageRefusesToHideWorkspaces(t *testing.T) {
 		t.Fatal("mounted over existing workspaces")
 	}
 }
+
+// Usage reads a workspace's bytes as its quota counts them, without a
+// walk: a file written shows at once (reserved, not yet committed), the
+// limit is the one set, a removal shows once its transaction commits, and
+// a directory that is no subvolume, or no quota at all, cannot say.
+func TestUsage(t *testing.T) {
+	q, root := quotatest.Mount(t)
+	ctx := context.Background()
+	dir := filepath.Join(root, "ws")
+	if err := q.Make(ctx, dir, limit); err != nil {
+		t.Fatal(err)
+	}
+	used, lim, err := q.Usage(ctx, dir)
+	if err != nil || lim != limit || used < 0 || used > 1<<20 {
+		t.Fatalf("empty workspace: used %d, limit %d, %v; want little, %d", used, lim, err, limit)
+	}
+	const size = 8 << 20
+	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, size), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if used, _, err = q.Usage(ctx, dir); err != nil || used < size {
+		t.Errorf("after writing %d bytes: used %d, %v; want at least that", size, used, err)
+	}
+	unix.Sync()
+	if used, _, err = q.Usage(ctx, dir); err != nil || used < size || used > size+1<<20 {
+		t.Errorf("after a sync: used %d, %v; want about %d", used, err, size)
+	}
+	if err := os.Remove(filepath.Join(dir, "f")); err != nil {
+		t.Fatal(err)
+	}
+	unix.Sync()
+	if used, _, err = q.Usage(ctx, dir); err != nil || used > 1<<20 {
+		t.Errorf("after removing it and a sync: used %d, %v; want under 1 MiB", used, err)
+	}
+	if err := q.SetLimit(ctx, dir, 2*limit); err != nil {
+		t.Fatal(err)
+	}
+	if _, lim, err = q.Usage(ctx, dir); err != nil || lim != 2*limit {
+		t.Errorf("after SetLimit: limit %d, %v; want %d", lim, err, 2*limit)
+	}
+
+	plain := filepath.Join(root, "plain")
+	if err := os.Mkdir(plain, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := q.Usage(ctx, plain); !errors.Is(err, quota.ErrUnsupported) {
+		t.Errorf("a plain directory: %v, want ErrUnsupported", err)
+	}
+	if _, _, err := (quota.None{}).Usage(ctx, dir); !errors.Is(err, quota.ErrUnsupported) {
+		t.Errorf("quota.None: %v, want ErrUnsupported", err)
+	}
+}

@@ -34,7 +34,10 @@ type Runtime interface {
 	Destroy(ctx context.Context, id string) error
 	// Inspect reports one sandbox; ErrNotFound if it does not exist.
 	Inspect(ctx context.Context, id string) (*Info, error)
-	// Stats reads the sandbox's resource usage from its cgroups.
+	// Stats reads the sandbox's resource usage from its cgroups, running,
+	// paused or stopped; ErrNotFound if it does not exist. It is cheap:
+	// the usage sampler (internal/usage) calls it for every sandbox every
+	// few seconds.
 	Stats(ctx context.Context, id string) (*Stats, error)
 	// List reports every sandbox this runtime knows about, including those
 	// a previous server process left behind, so that the caller can reattach
@@ -131,13 +134,23 @@ type Info struct {
 	CreatedAt time.Time         `json:"created_at"`
 }
 
-// Stats is a sandbox's resource usage.
+// Stats is a sandbox's resource usage, and the limits it is held to.
 type Stats struct {
+	// MemoryBytes is what the memory limit counts: the processes' memory
+	// and the page cache of their files and of /tmp.
 	MemoryBytes     uint64 `json:"memory_bytes"`
 	MemoryPeakBytes uint64 `json:"memory_peak_bytes"`
-	CPUNanos        uint64 `json:"cpu_nanos"`
-	PIDs            uint64 `json:"pids"`
-	OOMKills        uint64 `json:"oom_kills"`
+	// MemoryCacheBytes is the page cache part of MemoryBytes, which the
+	// kernel reclaims before it kills anything.
+	MemoryCacheBytes uint64 `json:"memory_cache_bytes"`
+	// CPUNanos is the CPU time the sandbox's processes used since it
+	// started; it only grows.
+	CPUNanos uint64 `json:"cpu_nanos"`
+	PIDs     uint64 `json:"pids"`
+	OOMKills uint64 `json:"oom_kills"`
+	// Limits are the resources the sandbox was created with, defaults
+	// filled in.
+	Limits Resources `json:"limits"`
 }
 
 // StateError is an operation asked of a sandbox in a state that does not

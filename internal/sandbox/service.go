@@ -98,6 +98,9 @@ type Config struct {
 	// pool_miss.
 	Events func(event string)
 	Log    *slog.Logger
+	// Destroying, if set, hears of a session's sandbox (Destroy,
+	// DestroyRecorded) just before it is destroyed.
+	Destroying func(ctx context.Context, rt runtime.Runtime, id string)
 }
 
 // Service is the sandboxes of one process.
@@ -304,6 +307,9 @@ func (s *Service) labels(l map[string]string) map[string]string {
 // Destroy closes the sandbox's client and destroys it.
 func (s *Service) Destroy(ctx context.Context, sb *Sandbox) {
 	sb.Client.Close()
+	if s.cfg.Destroying != nil {
+		s.cfg.Destroying(ctx, sb.Runtime, sb.ID)
+	}
 	if err := sb.Runtime.Destroy(ctx, sb.ID); err != nil {
 		s.log.Error("destroying sandbox", "sandbox", sb.ID, "err", err)
 		return
@@ -324,6 +330,9 @@ func (s *Service) DestroyRecorded(ctx context.Context, tenant, templateID, build
 	if err != nil {
 		s.log.Warn("cannot destroy sandbox", "sandbox", id, "err", err)
 		return
+	}
+	if s.cfg.Destroying != nil {
+		s.cfg.Destroying(ctx, rt, id)
 	}
 	if err := rt.Destroy(ctx, id); err != nil {
 		s.log.Error("destroying sandbox", "sandbox", id, "err", err)

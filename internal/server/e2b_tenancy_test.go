@@ -168,7 +168,7 @@ func controlRoutes(id string) []e2bRoute {
 			e2bRoute{"connect " + p, "POST", p + id + "/connect", "application/json", []byte(`{"timeout":5}`)},
 		)
 	}
-	return out
+	return append(out, e2bRoute{"metrics", "GET", "/sandboxes/" + id + "/metrics", "", nil})
 }
 
 // TestE2BTenancy: every E2B route, called with no credentials or with
@@ -333,6 +333,13 @@ func TestE2BTenancy(t *testing.T) {
 	}
 	if _, err := s.app.Sessions.Get(ctx, "alpha", a.SandboxID); err != nil {
 		t.Errorf("alpha's sandbox: %v", err)
+	}
+	// No runtime here, so no readings: an empty list, not an error.
+	if code, body, _ := s.call("GET", "/sandboxes/"+a.SandboxID+"/metrics?start=0", nil, "X-API-Key", alphaKey); code != http.StatusOK || strings.TrimSpace(body) != "[]" {
+		t.Errorf("metrics with alpha's key: %d %s", code, body)
+	}
+	if code, body, _ := s.call("GET", "/sandboxes/"+a.SandboxID+"/metrics?end=soon", nil, "X-API-Key", alphaKey); code != http.StatusBadRequest {
+		t.Errorf("metrics with end=soon: %d %s, want 400", code, body)
 	}
 	// The recreated sandbox takes a fresh token.
 	fresh := s.connect(t, alphaKey, d.SandboxID)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/usage"
 )
 
 // Metrics are the server's Prometheus metrics, in a registry of
@@ -80,6 +81,47 @@ func NewMetrics(st store.Store, sessions *session.Manager) *Metrics {
 		})
 	}
 	return m
+}
+
+// RegisterUsage exports, per tenant, what the sandboxes this process
+// holds use, as of the sampler's last pass: read at scrape time,
+// never waiting on a sandbox. With replicas each reports the sandboxes it
+// holds; one that two replicas hold (each served a call of its session)
+// counts in both.
+func (m *Metrics) RegisterUsage(u *usage.Sampler) {
+	m.reg.MustRegister(usageCollector{u})
+}
+
+var (
+	tenantCPUDesc = prometheus.NewDesc("sbx_tenant_sandbox_cpu_seconds_total",
+		"CPU time of the tenant's sandboxes held by this process, those destroyed or let go since it started included (a sandbox's last seconds before the first sample of it are not counted when it lives under one sample interval).", []string{"tenant"}, nil)
+	tenantMemoryDesc = prometheus.NewDesc("sbx_tenant_sandbox_memory_bytes",
+		"Memory of the tenant's sandboxes held by this process, page cache included (what their memory limits count).", []string{"tenant"}, nil)
+	tenantDiskDesc = prometheus.NewDesc("sbx_tenant_sandbox_disk_bytes",
+		"Bytes in the workspaces of the tenant's sessions whose sandboxes this process holds, as their disk quotas count them (0 without quotas).", []string{"tenant"}, nil)
+	tenantPIDsDesc = prometheus.NewDesc("sbx_tenant_sandbox_pids",
+		"Processes and threads in the tenant's sandboxes held by this process.", []string{"tenant"}, nil)
+	tenantSandboxesDesc = prometheus.NewDesc("sbx_tenant_sandboxes",
+		"Sandboxes of the tenant this process holds (running or paused), as of the last sample.", []string{"tenant"}, nil)
+)
+
+// usageCollector exports a Sampler's per-tenant sums.
+type usageCollector struct{ u *usage.Sampler }
+
+func (usageCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{tenantCPUDesc, tenantMemoryDesc, tenantDiskDesc, tenantPIDsDesc, tenantSandboxesDesc} {
+		ch <- d
+	}
+}
+
+func (c usageCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range c.u.Tenants() {
+		ch <- prometheus.MustNewConstMetric(tenantCPUDesc, prometheus.CounterValue, t.CPUSeconds, t.Name)
+		ch <- prometheus.MustNewConstMetric(tenantMemoryDesc, prometheus.GaugeValue, float64(t.MemoryBytes), t.Name)
+		ch <- prometheus.MustNewConstMetric(tenantDiskDesc, prometheus.GaugeValue, float64(t.DiskBytes), t.Name)
+		ch <- prometheus.MustNewConstMetric(tenantPIDsDesc, prometheus.GaugeValue, float64(t.PIDs), t.Name)
+		ch <- prometheus.MustNewConstMetric(tenantSandboxesDesc, prometheus.GaugeValue, float64(t.Sandboxes), t.Name)
+	}
 }
 
 // Handler serves the metrics.

@@ -23,6 +23,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template/registry"
+	"github.com/sbx-sandbox/sbx/internal/usage"
 )
 
 // Options configure a Server.
@@ -37,6 +38,9 @@ type Options struct {
 	Objects *snapshot.Store
 	// Templates are the tenants' templates.
 	Templates *registry.Registry
+	// Usage samples the sandboxes this process holds: the
+	// sessions' metrics and E2B's getMetrics. Nil: neither is available.
+	Usage *usage.Sampler
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -102,6 +106,7 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/sessions/{session_id}/snapshots/{snapshot_id}", s.getSnapshot)
 	s.handle("DELETE "+p+"/sessions/{session_id}/snapshots/{snapshot_id}", s.deleteSnapshot)
 	s.handle("POST "+p+"/sessions/{session_id}/snapshots/{snapshot_id}/restore", s.restoreSnapshot)
+	s.handle("GET "+p+"/sessions/{session_id}/metrics", s.getSessionMetrics)
 	s.handle("POST "+p+"/sessions/{session_id}/execute", s.execute)
 	s.handle("GET "+p+"/sessions/{session_id}/executions", s.listExecutions)
 	s.handle("GET "+p+"/executions/{execution_id}", s.getExecution)

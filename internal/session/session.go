@@ -81,6 +81,10 @@ type Options struct {
 	// Reaped, if set, hears how long each reaper pass took and how many
 	// sessions it acted on.
 	Reaped func(took time.Duration, acted int)
+	// Destroying, if set, hears of each sandbox a session had just before
+	// it is destroyed, while its cgroups can still be read (the usage
+	// sampler takes a last reading).
+	Destroying func(ctx context.Context, rt runtime.Runtime, id string)
 	// Pools sizes the warm pool of each template named.
 	Pools map[string]int
 	// Leader, if set, says whether this process is the one that runs the
@@ -189,8 +193,9 @@ type entry struct {
 	snap *snapshot.Manifest
 	// pub is state() as of the last release of mu: SandboxCounts reads
 	// it without taking mu, which a lifecycle call may hold across a
-	// runtime call.
-	pub atomic.Int32
+	// runtime call. pubSB is held() likewise, for Held.
+	pub   atomic.Int32
+	pubSB atomic.Pointer[sandbox.Sandbox]
 }
 
 // unlock publishes the sandbox state and releases mu. Every release of
@@ -198,6 +203,7 @@ type entry struct {
 // last change made under mu.
 func (e *entry) unlock() {
 	e.pub.Store(int32(e.sbState))
+	e.pubSB.Store(e.held())
 	e.mu.Unlock()
 }
 
@@ -241,6 +247,7 @@ func New(opt Options) *Manager {
 		Templates: opt.Templates, Resolve: opt.Resolve, Runtime: opt.Runtime, Dirs: m.ws,
 		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
 		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
+		Destroying: opt.Destroying,
 	})
 	return m
 }

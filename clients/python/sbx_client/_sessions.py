@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+from datetime import datetime, timezone
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from . import models
 from ._transport import Transport, segment
@@ -138,6 +139,20 @@ class SessionsMixin:
     def _session_call(self, method: str, session_id: str, rest: str, body: Any = None) -> models.Session:
         _, doc = self._t.call(method, _session_path(session_id, rest), body=body)
         return models.from_dict(models.Session, doc)
+
+    def session_metrics(self, session_id: str, since: Union[datetime, str, None] = None) -> models.SessionMetrics:
+        """The usage of the session's sandbox (R-86): CPU, memory, disk and
+        processes, in a reading taken now and in the samples the server
+        took, oldest first; only those at or after ``since`` (a datetime,
+        naive ones taken as UTC, or an RFC 3339 string) when given. A session
+        without a running or paused sandbox has no readings, and
+        ``sandbox`` says what it has."""
+        if isinstance(since, datetime):
+            if since.tzinfo is None:
+                since = since.replace(tzinfo=timezone.utc)
+            since = since.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+        _, doc = self._t.call("GET", _session_path(session_id, "/metrics"), query={"since": since})
+        return models.from_dict(models.SessionMetrics, doc)
 
     # Snapshots (R-65).
 

@@ -189,6 +189,43 @@ class Snapshot:
 
 
 @dataclass
+class MetricsSample:
+    """One reading of a session's sandbox (R-86). ``cpu_used_pct`` is the
+    CPU used since the reading before, as a percentage of what its
+    ``cpu_count`` cores allow; ``memory_used_bytes`` is what its memory limit
+    counts, page cache (``memory_cache_bytes``) included;
+    ``disk_used_bytes`` and ``disk_limit_bytes`` are its workspace's as the
+    disk quota counts them (0 when the server has no disk quotas)."""
+
+    timestamp: Optional[datetime] = _time()
+    cpu_used_pct: float = 0.0
+    cpu_count: float = 0.0
+    memory_used_bytes: int = 0
+    memory_cache_bytes: int = 0
+    memory_limit_bytes: int = 0
+    disk_used_bytes: int = 0
+    disk_limit_bytes: int = 0
+    pids: int = 0
+    pids_limit: int = 0
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class SessionMetrics:
+    """The usage of a session's sandbox (R-86): ``current`` is a reading
+    taken for the call (None without a running or paused sandbox),
+    ``samples`` the server's readings every ``interval_seconds``, oldest
+    first; ``sandbox`` is none, starting, running, paused or hibernated."""
+
+    session_id: str = ""
+    sandbox: str = ""
+    interval_seconds: float = 0.0
+    current: Optional[MetricsSample] = _nested(MetricsSample)
+    samples: List[MetricsSample] = _nested_list(MetricsSample)
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
 class ExecError:
     """Why an execution did not complete: ``type`` is the exception's name
     (ZeroDivisionError), Timeout, NonZeroExit, SandboxUnavailable, ..."""

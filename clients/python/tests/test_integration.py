@@ -572,5 +572,28 @@ class ErrorsTest(unittest.TestCase):
             c.download(sid, "missing.txt")
 
 
+
+@unittest.skipUnless(URL, SKIP)
+class MetricsTest(unittest.TestCase):
+    def test_session_metrics(self):
+        c = client()
+        self.addCleanup(c.close)
+        sid = c.create_session(uid("py-metrics-"), template_id="python").session_id
+        self.addCleanup(delete_quietly, c, sid)
+        m = c.session_metrics(sid)
+        self.assertEqual((m.session_id, m.sandbox, m.current, m.samples), (sid, "none", None, []))
+        c.execute(sid, "open('/workspace/f.bin', 'wb').write(b'x' * (1 << 20))")
+        m = c.session_metrics(sid)
+        self.assertEqual(m.sandbox, "running")
+        self.assertGreater(m.current.memory_used_bytes, 0)
+        self.assertGreater(m.current.memory_limit_bytes, 0)
+        self.assertGreater(m.current.cpu_count, 0)
+        self.assertGreaterEqual(m.current.cpu_used_pct, 0)
+        self.assertGreaterEqual(m.current.disk_used_bytes, 1 << 20)
+        self.assertIsInstance(c.session_metrics(sid, since=m.current.timestamp).samples, list)
+        with self.assertRaises(sbx_client.NotFound):
+            c.session_metrics(uid("py-metrics-none-"))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -125,6 +125,25 @@ test('Sandbox.list shows the sandbox', async () => {
   assert.ok(items.some((s) => s.sandboxId === sbx.sandboxId), JSON.stringify(items))
 })
 
+test('getMetrics reports CPU, memory and disk', async () => {
+  await sbx.commands.run('head -c 5000000 /dev/urandom > metrics.bin')
+  // At least the reading the server takes for the call; then its samples.
+  const metrics = await sbx.getMetrics()
+  assert.ok(metrics.length >= 1, JSON.stringify(metrics))
+  const m = metrics[metrics.length - 1]
+  assert.ok(m.timestamp instanceof Date && Math.abs(m.timestamp.getTime() - Date.now()) < 60_000, `${m.timestamp}`)
+  assert.ok(m.cpuCount >= 1, `cpuCount ${m.cpuCount}`)
+  assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
+  assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.memCache >= 0, JSON.stringify(m))
+  assert.ok(m.diskTotal > 0 && m.diskUsed >= 5_000_000 && m.diskUsed <= m.diskTotal, JSON.stringify(m))
+  for (let i = 1; i < metrics.length; i++) {
+    assert.ok(metrics[i - 1].timestamp <= metrics[i].timestamp, 'oldest first')
+  }
+  // A window that ended long ago has nothing; the static form works too.
+  assert.deepEqual(await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(1000), end: new Date(2000) }), [])
+  await sbx.commands.run('rm metrics.bin')
+})
+
 test('pause and connect keep the files', async () => {
   await sbx.files.write('kept.txt', 'still here')
   assert.equal(await sbx.pause(), true)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -161,9 +162,31 @@ func setFrozen(ctx context.Context, parent, id string, on bool) (bool, error) {
 	return true, nil
 }
 
+// statMounts keeps cgroupMounts for readCgroupStats, once it found some:
+// hierarchies are mounted at boot, while mountinfo grows with the
+// sandboxes' own mounts, and Stats is called for every sandbox every few
+// seconds.
+var statMounts struct {
+	sync.Mutex
+	mounts []string
+}
+
+func cachedCgroupMounts() ([]string, error) {
+	statMounts.Lock()
+	defer statMounts.Unlock()
+	if statMounts.mounts != nil {
+		return statMounts.mounts, nil
+	}
+	m, err := cgroupMounts()
+	if err == nil && len(m) > 0 {
+		statMounts.mounts = m
+	}
+	return m, err
+}
+
 // readCgroupStats reads a sandbox's usage from its cgroups (v1 or v2).
 func readCgroupStats(parent, id string) (*runtime.Stats, error) {
-	mounts, err := cgroupMounts()
+	mounts, err := cachedCgroupMounts()
 	if err != nil {
 		return nil, err
 	}
@@ -180,6 +203,7 @@ func readCgroupStats(parent, id string) (*runtime.Stats, error) {
 			if st.MemoryBytes == 0 {
 				st.MemoryBytes = read("memory.current")
 				st.MemoryPeakBytes = read("memory.peak")
+				st.MemoryCacheBytes = readKey(filepath.Join(dir, "memory.stat"), "file")
 				st.OOMKills = readKey(filepath.Join(dir, "memory.events"), "oom_kill")
 			}
 			if st.CPUNanos == 0 {
@@ -194,6 +218,8 @@ func readCgroupStats(parent, id string) (*runtime.Stats, error) {
 		case "memory":
 			st.MemoryBytes = read("memory.usage_in_bytes")
 			st.MemoryPeakBytes = read("memory.max_usage_in_bytes")
+			// total_: the sandbox's cgroup and any below it.
+			st.MemoryCacheBytes = readKey(filepath.Join(dir, "memory.stat"), "total_cache")
 			st.OOMKills = readKey(filepath.Join(dir, "memory.oom_control"), "oom_kill")
 		case "cpuacct", "cpu,cpuacct":
 			st.CPUNanos = read("cpuacct.usage")

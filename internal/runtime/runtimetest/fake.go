@@ -19,6 +19,7 @@ type Fake struct {
 	mu     sync.Mutex
 	state  map[string]runtime.State
 	labels map[string]map[string]string // of sandboxes added with labelled
+	stats  map[string]runtime.Stats     // SetStats
 	pauses int
 }
 
@@ -81,7 +82,27 @@ func (f *Fake) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
 	return &runtime.Info{ID: id, State: st}, nil
 }
 func (f *Fake) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
-	return &runtime.Stats{}, nil
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.state[id]; !ok {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	st := f.stats[id]
+	if st.Limits == (runtime.Resources{}) {
+		st.Limits = runtime.DefaultResources
+	}
+	return &st, nil
+}
+
+// SetStats sets what Stats reports for the sandbox id from now on (zero
+// usage and the default limits until then).
+func (f *Fake) SetStats(id string, st runtime.Stats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.stats == nil {
+		f.stats = map[string]runtime.Stats{}
+	}
+	f.stats[id] = st
 }
 func (f *Fake) List(ctx context.Context) ([]runtime.Info, error) {
 	f.mu.Lock()

@@ -184,8 +184,10 @@ func testLifecycle(t *testing.T, h *Harness) {
 	}
 
 	st, err := rt.Stats(ctx, s.ID)
-	if err != nil || st.MemoryBytes == 0 || st.PIDs == 0 {
+	if err != nil || st.MemoryBytes == 0 || st.PIDs == 0 || st.CPUNanos == 0 {
 		t.Errorf("stats: %+v, %v", st, err)
+	} else if want := info.Resources; st.Limits != want || want.MemoryMB == 0 || want.CPU == 0 || want.PIDs == 0 {
+		t.Errorf("stats: limits %+v, want what the sandbox was given (defaults filled in): %+v", st.Limits, want)
 	}
 
 	if err := rt.Pause(ctx, s.ID); err != nil {
