@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -54,6 +55,9 @@ type Options struct {
 	// Edge bounds how slowly clients may send; zero fields take the
 	// defaults (EdgeLimits).
 	Edge EdgeLimits
+	// Chat is the chat loop; nil when no model endpoint is
+	// configured (POST /agents/{id}/chat is then 503).
+	Chat *chat.Chat
 }
 
 // Server serves the API.
@@ -116,6 +120,8 @@ func (s *Server) routes() {
 	s.handle("POST "+p+"/agents/{agent_id}/files/upload", s.agentUpload)
 	s.handle("GET "+p+"/agents/{agent_id}/files", s.agentListFiles)
 	s.handle("GET "+p+"/agents/{agent_id}/files/{path...}", s.agentDownload)
+	s.handle("POST "+p+"/agents/{agent_id}/chat", s.agentChat)
+	s.handle("DELETE "+p+"/agents/{agent_id}/conversations/{conversation_id}", s.agentDeleteConversation)
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.handle("/mcp", s.serveMCP)
