@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .models import (
+    ChatEvent,
     ExecError,
     Execution,
     ExecutionList,
@@ -98,4 +99,5 @@ __all__ = [
     "ResourceList",
     "Tool",
     "ToolResult",
+    "ChatEvent",
 ]
