@@ -34,7 +34,6 @@ const (
 	DefaultMaxSteps      = 8
 	DefaultHistoryTurns  = 20
 	DefaultHistoryTokens = 24000
-	DefaultRetries       = 2
 )
 
 // Config configures the loop. Zero fields take the defaults given.
@@ -59,8 +58,9 @@ type Config struct {
 	// the summary too (the last turn is always kept).
 	HistoryTokens int
 	// MaxRetries is how many times a model call the endpoint refused
-	// (429, 5xx, no connection) is tried again before anything of it is
-	// streamed (default 2; negative: none).
+	// (429, 5xx, no connection) is tried again, with a backoff, before
+	// anything of it is streamed. Default 0: a refused call ends the turn
+	// at once with llm_error, and the client may send the message again.
 	MaxRetries int
 	// HTTPClient makes the requests (default http.DefaultClient).
 	HTTPClient *http.Client
@@ -100,12 +100,7 @@ func New(cfg Config, docs Documents) (*Chat, error) {
 	if cfg.HistoryTokens <= 0 {
 		cfg.HistoryTokens = DefaultHistoryTokens
 	}
-	switch {
-	case cfg.MaxRetries == 0:
-		cfg.MaxRetries = DefaultRetries
-	case cfg.MaxRetries < 0:
-		cfg.MaxRetries = 0
-	}
+	cfg.MaxRetries = max(cfg.MaxRetries, 0)
 	if cfg.HTTPClient == nil {
 		cfg.HTTPClient = http.DefaultClient
 	}

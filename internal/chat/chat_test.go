@@ -66,7 +66,7 @@ func openStore(t *testing.T) store.Store {
 
 func newChat(t *testing.T, srv *chattest.Server, st store.Store, configure ...func(*chat.Config)) *chat.Chat {
 	t.Helper()
-	cfg := chat.Config{BaseURL: srv.BaseURL(), Model: "test-model", APIKey: "sk-test-key", MaxRetries: -1,
+	cfg := chat.Config{BaseURL: srv.BaseURL(), Model: "test-model", APIKey: "sk-test-key",
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
 	for _, f := range configure {
 		f(&cfg)
@@ -152,13 +152,13 @@ func turns(h map[string]any) []any {
 }
 
 // TestToolRounds: text and tool calls streamed in pieces, over three model
-// calls (one with two calls at once, their fragments interleaved), and
-// the next turn sees the first.
+// calls (one with two calls at once, their fragments interleaved, ids and
+// names repeated in each), and the next turn sees the first.
 func TestToolRounds(t *testing.T) {
 	code := chattest.Args(map[string]string{"code": "open('/workspace/a.txt','w').write('hi')\nreturn 42"})
 	srv := chattest.New(t,
 		chattest.Reply{Text: "Let me write it.", ToolCalls: []chattest.ToolCall{{ID: "call_a", Name: "execute_code", Arguments: code}}},
-		chattest.Reply{Interleave: true, Piece: 2, ToolCalls: []chattest.ToolCall{
+		chattest.Reply{Interleave: true, RepeatIDs: true, Piece: 2, ToolCalls: []chattest.ToolCall{
 			{ID: "call_b", Name: "read_file", Arguments: `{"path":"a.txt"}`},
 			{ID: "call_c", Name: "execute_code", Arguments: `{"code":"return 1"}`},
 		}},

@@ -196,7 +196,11 @@ func (c *Chat) step(ctx context.Context, model string, msgs []openai.ChatComplet
 				if f.ID != "" {
 					tc.ID = f.ID
 				}
-				tc.Name += f.Function.Name
+				// The name comes whole in the first fragment; a server
+				// that repeats it in the next ones does not double it.
+				if f.Function.Name != tc.Name {
+					tc.Name += f.Function.Name
+				}
 				tc.Arguments += f.Function.Arguments
 			}
 			if ch.FinishReason != "" {

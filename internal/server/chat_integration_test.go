@@ -22,7 +22,7 @@ func startRealChat(t *testing.T, llm *chattest.Server) *realServer {
 	t.Helper()
 	testenv.New(t).Rootfs(t, "python")
 	return startReal(t, t.TempDir(), func(c *app.Config) {
-		c.Chat = chat.Config{BaseURL: llm.BaseURL(), Model: "test-model", MaxRetries: -1}
+		c.Chat = chat.Config{BaseURL: llm.BaseURL(), Model: "test-model"}
 	})
 }
 

@@ -19,7 +19,7 @@ import (
 func startChat(t *testing.T, llm *chattest.Server, keySpecs ...string) *testServer {
 	t.Helper()
 	return startConfigured(t, func(c *app.Config) {
-		c.Chat = chat.Config{BaseURL: llm.BaseURL(), Model: "test-model", APIKey: "sk-llm", MaxRetries: -1}
+		c.Chat = chat.Config{BaseURL: llm.BaseURL(), Model: "test-model", APIKey: "sk-llm"}
 	}, keySpecs...)
 }
 

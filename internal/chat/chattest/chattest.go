@@ -29,6 +29,9 @@ type Reply struct {
 	// Interleave, the fragments of the calls alternate.
 	ToolCalls  []ToolCall
 	Interleave bool
+	// RepeatIDs sends each call's id and name again in every fragment,
+	// as some servers do.
+	RepeatIDs bool
 	// Finish is the finish_reason (default "tool_calls" with tool calls,
 	// else "stop"); NoFinish sends none.
 	Finish   string
@@ -226,7 +229,11 @@ func chunks(rep Reply) []map[string]any {
 		frags[i] = append(frags[i], first)
 		if tc.Arguments != "" {
 			for _, p := range split(tc.Arguments) {
-				frags[i] = append(frags[i], map[string]any{"index": i, "function": map[string]any{"arguments": p}})
+				f := map[string]any{"index": i, "function": map[string]any{"arguments": p}}
+				if rep.RepeatIDs {
+					f["id"], f["type"], f["function"].(map[string]any)["name"] = tc.ID, "function", tc.Name
+				}
+				frags[i] = append(frags[i], f)
 			}
 		}
 	}
