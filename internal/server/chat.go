@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -113,8 +114,11 @@ func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, req chat.Req
 	for {
 		select {
 		case ev := <-events:
-			b, _ := json.Marshal(ev.Data)
-			write("event: %s\ndata: %s\n\n", ev.Name, b)
+			var b bytes.Buffer
+			enc := json.NewEncoder(&b)
+			enc.SetEscapeHTML(false) // code and text, not HTML: "<" stays "<"
+			enc.Encode(ev.Data)
+			write("event: %s\ndata: %s\n\n", ev.Name, bytes.TrimSuffix(b.Bytes(), []byte("\n")))
 		case <-beat.C:
 			// Quiet while a tool or the model works: proxies must not
 			// take the stream for dead.
