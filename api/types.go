@@ -321,6 +321,103 @@ type ToolResult struct {
 	Data      json.RawMessage `json:"data,omitempty"`
 }
 
+// ChatRequest is the body of POST /agents/{agent_id}/chat (R-33): one
+// user message of a conversation, answered by the model with the tools,
+// in the session of the user's agent.
+type ChatRequest struct {
+	UserID         string `json:"user_id"`
+	ConversationID string `json:"conversation_id"`
+	Message        string `json:"message"`
+	// System replaces the server's system prompt for this turn (it is not
+	// kept in the conversation's history).
+	System string `json:"system,omitempty"`
+	// Model replaces the server's model (--llm-model) for this turn.
+	Model string `json:"model,omitempty"`
+}
+
+// Server-sent event names of a chat (R-33): any number of "delta"
+// (ChatDelta), "tool_call" (ChatToolCall) and "tool_result"
+// (ChatToolResult), then "message" (ChatMessage) when the model has
+// answered, or "error" (ChatError) when it could not; "done" (ChatDone)
+// always ends the stream.
+const (
+	ChatEventDelta      = "delta"
+	ChatEventToolCall   = "tool_call"
+	ChatEventToolResult = "tool_result"
+	ChatEventMessage    = "message"
+	ChatEventError      = "error"
+	ChatEventDone       = "done"
+)
+
+// ChatDelta is a piece of the assistant's text as the model streams it.
+type ChatDelta struct {
+	Text string `json:"text"`
+}
+
+// ChatToolCall is a tool call of the model, about to run. Arguments is
+// the model's text, which may not be JSON (the tool result then says so).
+type ChatToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// ChatToolResult is what a tool call gave back to the model.
+type ChatToolResult struct {
+	ID      string `json:"id"`
+	Name    string `json:"name"`
+	Content string `json:"content"`
+	IsError bool   `json:"is_error"`
+}
+
+// ChatMessage is the model's final answer of a turn.
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ChatError says why a chat turn ended without the model's answer (or
+// why its history was not kept). Code is one of the ChatErr* codes.
+type ChatError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Codes of a chat's "error" event.
+const (
+	// ChatErrLLM: the model's endpoint failed (an HTTP error, no
+	// connection, a stream cut short).
+	ChatErrLLM = "llm_error"
+	// ChatErrStepLimit: the model still asked for tools at the last step
+	// the server allows (--llm-max-steps).
+	ChatErrStepLimit = "step_limit"
+	// ChatErrTool: a tool could not be run at all (no sandbox, a tenant
+	// limit, a server fault); a tool that ran and failed is a
+	// tool_result with is_error instead.
+	ChatErrTool = "tool_error"
+	// ChatErrHistory: the conversation's history could not be read or
+	// kept.
+	ChatErrHistory = "history_error"
+)
+
+// ChatDone ends a chat's stream.
+type ChatDone struct {
+	SessionID      string `json:"session_id"`
+	ConversationID string `json:"conversation_id"`
+	// Steps is how many times the model was called for the turn.
+	Steps int `json:"steps"`
+	// Usage is the tokens the endpoint counted, when it said.
+	Usage *ChatUsage `json:"usage,omitempty"`
+}
+
+// ChatUsage counts the tokens of a turn's model calls (a summary of the
+// history included).
+type ChatUsage struct {
+	PromptTokens     int64 `json:"prompt_tokens"`
+	CompletionTokens int64 `json:"completion_tokens"`
+	TotalTokens      int64 `json:"total_tokens"`
+}
+
 // SubmitResponse is the answer to an asynchronous submit.
 type SubmitResponse struct {
 	ExecutionID string `json:"execution_id"`

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"os"
 	goruntime "runtime"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/sbx-sandbox/sbx/internal/app"
+	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -48,6 +50,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		tmplDir    = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level      = fs.String("log-level", "info", "debug, info, warn or error")
 		prebuild   = fs.String("prebuild", "python", "comma-separated `templates` to build in the background at start (\"\" for none)")
+		tmplBuilds = fs.Int("template-builds", 1, "template builds over the API that run at once; more queue")
 		idle       = fs.Duration("idle-timeout", session.DefaultIdleTimeout, "default idle time after which a session's sandbox is paused (frozen)")
 		hibern     = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
 		ttl        = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
@@ -69,6 +72,12 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		imageSize  = fs.Int64("workspace-image-size", 0, "size in `GiB` of the workspace image when it is made (sparse; default 64, at most 90% of the free disk)")
 		metricsInt = fs.Duration("metrics-interval", sbxusage.DefaultInterval, "how often each sandbox's CPU, memory, disk and processes are sampled (GET /api/v1/sessions/ID/metrics, /metrics)")
 		metricsKep = fs.Duration("metrics-history", sbxusage.DefaultKeep, "how far back each session's samples go")
+		llmURL     = fs.String("llm-base-url", os.Getenv("SBX_LLM_BASE_URL"), "the chat loop's OpenAI-compatible chat-completions endpoint, as the `URL` chat/completions is under (http://127.0.0.1:8000/v1; env SBX_LLM_BASE_URL); none: POST /agents/{id}/chat is 503")
+		llmModel   = fs.String("llm-model", os.Getenv("SBX_LLM_MODEL"), "the chat loop's model, unless a request names one (env SBX_LLM_MODEL)")
+		llmKey     = fs.String("llm-api-key", "", "API key for the chat loop's endpoint (env SBX_LLM_API_KEY, better: every user of the machine sees a command line)")
+		llmSteps   = fs.Int("llm-max-steps", chat.DefaultMaxSteps, "most model calls of one chat turn; a model still calling tools at the last one ends the turn (env SBX_LLM_MAX_STEPS)")
+		llmTurns   = fs.Int("llm-history-turns", chat.DefaultHistoryTurns, "last turns a chat's history keeps whole; older ones the model summarizes")
+		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
@@ -139,6 +148,15 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if maxRes.Memory == 0 {
 		maxRes.Memory = physicalMemoryMB()
 	}
+	llm, err := llmConfig(fs, *llmURL, *llmModel, *llmKey, *llmSteps, *llmTurns, *llmTokens)
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	if llm.BaseURL != "" {
+		u, _ := url.Parse(llm.BaseURL)
+		log.Info("chat loop", "llm_base_url", u.Redacted(), "llm_model", llm.Model, "llm_api_key", llm.APIKey != "", "llm_max_steps", llm.MaxSteps)
+	}
 	var templates []string
 	for _, t := range strings.Split(*prebuild, ",") {
 		if t = strings.TrimSpace(t); t != "" {
@@ -146,11 +164,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := app.Open(ctx, app.Config{
-		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, Keys: keys, Prebuild: templates, Log: log,
+		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, Prebuild: templates, Log: log,
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
-		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes,
+		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes, Chat: llm,
 		MetricsInterval: *metricsInt, MetricsHistory: *metricsKep,
 		Edge:      server.EdgeLimits{ReadHeaderTimeout: *hdrTime, IdleTimeout: *connIdle, BodyTimeout: *bodyTime, MinBodyRate: *bodyRate},
 		Snapshots: snapshot.Limits{MaxDepth: *snapDepth, MaxPath: *snapPath, MaxEntries: *snapN, MaxBytes: *snapBytes, Timeout: *snapTime},
@@ -181,6 +199,38 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // tenant keeps in the blob store is bounded, so that no tenant fills the
 // disk the others keep their snapshots on.
 const defaultLimits = "sessions=10000,history=1000,snapshots=32,stored=20G"
+
+// llmConfig is the chat loop's endpoint (R-33) from the --llm-* flags
+// and their SBX_LLM_* variables. The key is never logged nor shown as a
+// flag's default.
+func llmConfig(fs *flag.FlagSet, baseURL, model, key string, steps, turns, tokens int) (chat.Config, error) {
+	if key == "" {
+		key = os.Getenv("SBX_LLM_API_KEY")
+	}
+	if env := os.Getenv("SBX_LLM_MAX_STEPS"); env != "" && !flagSet(fs, "llm-max-steps") {
+		n, err := strconv.Atoi(env)
+		if err != nil {
+			return chat.Config{}, fmt.Errorf("SBX_LLM_MAX_STEPS=%q: want a number", env)
+		}
+		steps = n
+	}
+	if baseURL == "" {
+		return chat.Config{}, nil
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return chat.Config{}, fmt.Errorf("--llm-base-url %q: want http(s)://HOST[:PORT]/PATH, the URL chat/completions is under", baseURL)
+	}
+	switch {
+	case model == "":
+		return chat.Config{}, fmt.Errorf("--llm-base-url needs --llm-model (or SBX_LLM_MODEL): the model a chat uses unless its request names one")
+	case steps < 1 || steps > 100:
+		return chat.Config{}, fmt.Errorf("--llm-max-steps %d: want 1..100", steps)
+	case turns < 1 || tokens < 1000:
+		return chat.Config{}, fmt.Errorf("--llm-history-turns must be at least 1 and --llm-history-tokens at least 1000")
+	}
+	return chat.Config{BaseURL: baseURL, Model: model, APIKey: key, MaxSteps: steps, HistoryTurns: turns, HistoryTokens: tokens}, nil
+}
 
 // flagSet reports whether the flag name was given on the command line.
 func flagSet(fs *flag.FlagSet, name string) bool {

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
@@ -123,7 +124,10 @@ type Config struct {
 	// host's disk is used as workspaces fill it. Default 64 GiB, at most
 	// 90% of the space free on the data directory's disk.
 	WorkspaceImageSize int64
-	Log                *slog.Logger
+	// Chat is the chat loop's model endpoint: none without a
+	// BaseURL, and POST /agents/{id}/chat is then 503.
+	Chat chat.Config
+	Log  *slog.Logger
 }
 
 // defaultImageSize is WorkspaceImageSize's default.
@@ -335,8 +339,22 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
 	}
+	var chatLoop *chat.Chat
+	if cfg.Chat.BaseURL != "" {
+		if cfg.Chat.Log == nil {
+			cfg.Chat.Log = log
+		}
+		if chatLoop, err = chat.New(cfg.Chat, st); err != nil {
+			execs.Close()
+			mgr.Close()
+			reg.Close()
+			st.Close()
+			return nil, err
+		}
+	}
 	sampler.Start()
 	srv := server.New(server.Options{
+		Chat:  chatLoop,
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Ready: func() map[string]error {

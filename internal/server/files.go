@@ -308,17 +308,24 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("conversation_id %q is not a valid id: %w", cid, errdefs.ErrInvalidArgument))
 		return
 	}
-	t, sid := tenant(r), r.PathValue("session_id")
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), t, sid)
-	if err != nil {
+	if err := s.purgeConversation(r.Context(), tenant(r), r.PathValue("session_id"), cid); err != nil {
 		s.writeError(w, r, err)
 		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// purgeConversation removes a conversation's temp area and stateful
+// contexts from a session.
+func (s *Server) purgeConversation(ctx context.Context, t, sid, cid string) error {
+	_, ws, err := s.opt.Sessions.Workspace(ctx, t, sid)
+	if err != nil {
+		return err
 	}
 	defer ws.Close()
-	if err := ws.RemoveConversation(r.Context(), cid); err != nil {
-		s.writeError(w, r, err)
-		return
+	if err := ws.RemoveConversation(ctx, cid); err != nil {
+		return err
 	}
-	s.opt.Sessions.DropConversation(r.Context(), t, sid, cid)
-	w.WriteHeader(http.StatusNoContent)
+	s.opt.Sessions.DropConversation(ctx, t, sid, cid)
+	return nil
 }

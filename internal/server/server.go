@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -61,6 +62,9 @@ type Options struct {
 	// Edge bounds how slowly clients may send; zero fields take the
 	// defaults (EdgeLimits).
 	Edge EdgeLimits
+	// Chat is the chat loop; nil when no model endpoint is
+	// configured (POST /agents/{id}/chat is then 503).
+	Chat *chat.Chat
 }
 
 // Server serves the API.
@@ -130,6 +134,8 @@ func (s *Server) routes() {
 	s.handle("DELETE "+p+"/templates/{name}", s.needTemplates(s.deleteTemplate))
 	s.handle("GET "+p+"/templates/{name}/builds/{build_id}/logs", s.needTemplates(s.templateBuildLogs))
 	s.handle("POST "+p+"/templates/{name}/builds/{build_id}/cancel", s.needTemplates(s.cancelTemplateBuild))
+	s.handle("POST "+p+"/agents/{agent_id}/chat", s.agentChat)
+	s.handle("DELETE "+p+"/agents/{agent_id}/conversations/{conversation_id}", s.agentDeleteConversation)
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.handle("/mcp", s.serveMCP)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -29,6 +30,10 @@ import (
 // failed (an exception, a missing file) is a 200 with is_error, which the
 // model should see; a request that is wrong (no user, unknown tool,
 // arguments that break the schema) is a 4xx.
+
+// cancelWait bounds how long a tool call whose caller left waits for its
+// execution to be cancelled.
+const cancelWait = 10 * time.Second
 
 // toolReadMax bounds one read_file call: a model reads a large file a
 // part at a time.
@@ -226,6 +231,14 @@ func (s *Server) toolRun(name, conversationID string, raw json.RawMessage) (tool
 		select {
 		case <-run.Done():
 		case <-ctx.Done():
+			// Whoever called the tool is gone (a chat's client left, an
+			// MCP call was cancelled): no one will read the result, so
+			// the run stops, and its record says cancelled.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelWait)
+			defer cancel()
+			if _, err := s.opt.Executions.Cancel(cctx, tenantOf(ctx), run.ID()); err != nil {
+				s.log.Warn("cancelling the execution of a tool call whose caller left", "execution_id", run.ID(), "err", err)
+			}
 			return nil, ctx.Err()
 		}
 		return runResult(name, run.Result())

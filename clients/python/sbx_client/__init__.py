@@ -36,6 +36,7 @@ from .errors import (
     UnsupportedMediaType,
 )
 from .models import (
+    ChatEvent,
     ExecError,
     Execution,
     ExecutionList,
@@ -102,4 +103,5 @@ __all__ = [
     "ResourceList",
     "Tool",
     "ToolResult",
+    "ChatEvent",
 ]

@@ -1,14 +1,16 @@
-"""Calls that name an agent and a user (R-30, R-31) and the LLM tools (R-32)."""
+"""Calls that name an agent and a user (R-30, R-31), the LLM tools (R-32)
+and the chat loop (R-33)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from . import errors, models
-from ._executions import execution_body
+from ._executions import STREAM_MIN_TIMEOUT, execution_body
 from ._files import _agent_path
 from ._transport import Transport, segment
+from .sse import SSEParser
 
 P = "/api/v1"
 
@@ -181,3 +183,71 @@ class AgentsMixin:
             timeout = self._t.timeout + (float(run) if isinstance(run, (int, float)) and run > 0 else TOOL_RUN_ALLOWANCE)
         _, doc = self._t.call("POST", f"{P}/tools/{segment('tool', name)}/invoke", body=body, timeout=timeout)
         return models.from_dict(models.ToolResult, doc)
+
+    def chat(
+        self,
+        agent_id: str,
+        user_id: str,
+        conversation_id: str,
+        message: str,
+        *,
+        system: Optional[str] = None,
+        model: Optional[str] = None,
+    ) -> Iterator[models.ChatEvent]:
+        """Sends a user's message to a conversation with an agent and yields
+        the turn's events as the server sends them (R-33): the server runs
+        its configured model with the tools in the session of the user's
+        agent, and keeps the conversation's history::
+
+            for ev in c.chat("analyst", "alice", "c1", "Plot data.csv"):
+                if ev.name == "delta":
+                    print(ev.data["text"], end="")
+                elif ev.name == "tool_call":
+                    print("\\n[%s %s]" % (ev.data["name"], ev.data["arguments"]))
+                elif ev.name == "error":
+                    print("\\nerror:", ev.data["message"])
+
+        The last event is ``done``. Leaving the loop early closes the
+        connection, which cancels the turn on the server (the model's
+        stream and a running tool). ``system`` and ``model`` replace the
+        server's for this turn. A server without a model endpoint raises
+        :class:`Unavailable`; a stream that ends before ``done`` raises
+        :class:`TransportError`.
+        """
+        body: Dict[str, Any] = {"user_id": user_id, "conversation_id": conversation_id, "message": message}
+        if system is not None:
+            body["system"] = system
+        if model is not None:
+            body["model"] = model
+        resp = self._t.request(
+            "POST",
+            f"{P}/agents/{segment('agent id', agent_id)}/chat",
+            body=json.dumps(body).encode("utf-8"),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+            timeout=max(self._t.timeout, STREAM_MIN_TIMEOUT),
+        )
+        with resp:
+            ctype = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+            if ctype != "text/event-stream":
+                raise errors.SbxError(f"chat: the server answered with {ctype!r}, not an event stream", status=resp.status)
+            parser = SSEParser()
+            for chunk in resp.chunks():
+                for ev in parser.feed(chunk):
+                    try:
+                        data = json.loads(ev.data)
+                    except ValueError as e:
+                        raise errors.SbxError(f"chat: event {ev.name}: {e}") from e
+                    yield models.ChatEvent(ev.name, data if isinstance(data, dict) else {})
+                    if ev.name == "done":
+                        return
+        raise errors.TransportError("chat: the stream ended before its done event")
+
+    def forget_conversation(self, agent_id: str, user_id: str, conversation_id: str) -> None:
+        """Deletes a conversation's chat history and, if the user has the
+        agent's session, the conversation's files there (R-33, R-23)."""
+        self._t.call(
+            "DELETE",
+            f"{P}/agents/{segment('agent id', agent_id)}/conversations/{segment('conversation id', conversation_id)}",
+            query={"user_id": user_id},
+            ok=(204,),
+        )

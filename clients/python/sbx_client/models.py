@@ -374,6 +374,19 @@ class ToolResult:
 
 
 @dataclass
+class ChatEvent:
+    """One event of a chat turn (R-33): ``name`` is ``delta`` (``data``
+    has ``text``), ``tool_call`` (``id``, ``name``, ``arguments``),
+    ``tool_result`` (``id``, ``name``, ``content``, ``is_error``),
+    ``message`` (``role``, ``content``), ``error`` (``code``, ``message``)
+    or ``done`` (``session_id``, ``conversation_id``, ``steps``, ``usage``),
+    always the last; ``data`` is its JSON object."""
+
+    name: str
+    data: Dict[str, Any]
+
+
+@dataclass
 class NamedResource:
     """One resource of a manifest (R-34): its name under the resources
     directory, and its content's SHA-256 (lowercase hex) and size."""

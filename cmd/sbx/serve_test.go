@@ -1,0 +1,46 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"strings"
+	"testing"
+)
+
+// TestLLMFlags: the chat loop's endpoint from flags and SBX_LLM_*
+// variables; its key never shows.
+func TestLLMFlags(t *testing.T) {
+	const key = "sk-secret-do-not-show"
+	t.Setenv("SBX_LLM_API_KEY", key)
+	t.Setenv("SBX_LLM_MAX_STEPS", "5")
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg, err := llmConfig(fs, "http://127.0.0.1:8000/v1", "m1", "", 8, 20, 24000)
+	if err != nil || cfg.APIKey != key || cfg.MaxSteps != 5 || cfg.Model != "m1" || cfg.BaseURL != "http://127.0.0.1:8000/v1" {
+		t.Errorf("from the environment: %+v %v", cfg, err)
+	}
+	fs.Int("llm-max-steps", 8, "")
+	fs.Parse([]string{"--llm-max-steps", "3"})
+	if cfg, err := llmConfig(fs, "http://h/v1", "m1", "flag-key", 3, 20, 24000); err != nil || cfg.MaxSteps != 3 || cfg.APIKey != "flag-key" {
+		t.Errorf("flags over the environment: %+v %v", cfg, err)
+	}
+	if cfg, err := llmConfig(fs, "", "m1", "", 3, 20, 24000); err != nil || cfg.BaseURL != "" {
+		t.Errorf("no endpoint: %+v %v", cfg, err)
+	}
+	for _, bad := range []struct {
+		url, model string
+		steps      int
+	}{
+		{"http://h/v1", "", 8}, {"ftp://h/v1", "m", 8}, {"h:8000", "m", 8}, {"http://h/v1", "m", 0}, {"http://h/v1", "m", 1000},
+	} {
+		if _, err := llmConfig(fs, bad.url, bad.model, "", bad.steps, 20, 24000); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+	// The usage does not show the key as a default.
+	var out bytes.Buffer
+	serve(context.Background(), []string{"-h"}, &out, &out)
+	if strings.Contains(out.String(), key) || !strings.Contains(out.String(), "-llm-base-url") {
+		t.Errorf("usage: %s", out.String())
+	}
+}
