@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/template"
 )
@@ -33,6 +35,12 @@ Debian mirror is SBX_DEBIAN_MIRROR, else the host's apt configuration.
 flags (every command):
   --data-dir DIR   sbx's data directory; templates live in DIR/templates
                    (default $SBX_DATA_DIR, else /var/lib/sbx)
+  --server URL     work on a server's templates over its API instead: a
+                   build there is the caller's own template, built in the
+                   background, its log shown as it runs; ls lists what the
+                   caller can use, rm deletes one of the caller's
+  --api-key KEY    the server's API key (default $SBX_API_KEY)
+  --force          rm over the API: delete even though sessions use it
 `
 
 // runTemplate implements `sbx template`. Exit status: 0 on success, 1 if
@@ -58,12 +66,18 @@ func runTemplate(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	}
 }
 
-// templateFlags is the flag set every subcommand starts from.
-func templateFlags(name string, stderr io.Writer) (*flag.FlagSet, *string) {
-	fs := flag.NewFlagSet("template "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, templateUsage) }
-	return fs, fs.String("data-dir", dataDir(), "sbx's data `dir`")
+// templateFlags is the flag set every subcommand starts from; remote
+// makes a client when --server was given, nil otherwise.
+func templateFlags(name string, stderr io.Writer) (*flag.FlagSet, *string, func() *client.Client) {
+	fs, connect := clientFlags("template "+name, templateUsage, stderr)
+	dir := fs.String("data-dir", dataDir(), "sbx's data `dir`")
+	remote := func() *client.Client {
+		if f := fs.Lookup("server"); f == nil || f.Value.String() == "" {
+			return nil
+		}
+		return connect()
+	}
+	return fs, dir, remote
 }
 
 // parseTemplateArgs parses flags that may come after positional arguments
@@ -84,7 +98,7 @@ func parseTemplateArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 func templateBuild(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, dir := templateFlags("build", stderr)
+	fs, dir, remote := templateFlags("build", stderr)
 	file := fs.String("file", "", "read the template spec from `spec.json`")
 	pos, err := parseTemplateArgs(fs, args)
 	if err != nil {
@@ -102,6 +116,9 @@ func templateBuild(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx template build:", err)
 		return 2
+	}
+	if c := remote(); c != nil {
+		return remoteBuild(ctx, c, spec, stdout, stderr)
 	}
 	store := template.NewStore(filepath.Join(*dir, "templates"))
 	t, err := store.Ensure(ctx, spec, stderr)
@@ -149,7 +166,7 @@ func buildSpec(name, file string) (template.Spec, error) {
 }
 
 func templateList(args []string, stdout, stderr io.Writer) int {
-	fs, dir := templateFlags("ls", stderr)
+	fs, dir, remote := templateFlags("ls", stderr)
 	pos, err := parseTemplateArgs(fs, args)
 	if err != nil {
 		return 2
@@ -157,6 +174,9 @@ func templateList(args []string, stdout, stderr io.Writer) int {
 	if len(pos) > 0 {
 		fmt.Fprintf(stderr, "sbx template ls: unexpected argument %q\n", pos[0])
 		return 2
+	}
+	if c := remote(); c != nil {
+		return remoteList(c, stdout, stderr)
 	}
 	store := template.NewStore(filepath.Join(*dir, "templates"))
 	builds, err := store.List()
@@ -193,7 +213,8 @@ func templateList(args []string, stdout, stderr io.Writer) int {
 }
 
 func templateRemove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs, dir := templateFlags("rm", stderr)
+	fs, dir, remote := templateFlags("rm", stderr)
+	force := fs.Bool("force", false, "delete even though sessions use it")
 	pos, err := parseTemplateArgs(fs, args)
 	if err != nil {
 		return 2
@@ -201,6 +222,13 @@ func templateRemove(ctx context.Context, args []string, stdout, stderr io.Writer
 	if len(pos) != 1 {
 		fmt.Fprintln(stderr, "sbx template rm: give one NAME or HASH")
 		return 2
+	}
+	if c := remote(); c != nil {
+		if err := c.DeleteTemplate(ctx, pos[0], *force); err != nil {
+			return failed(stderr, "template rm", err)
+		}
+		fmt.Fprintf(stdout, "removed %s\n", pos[0])
+		return 0
 	}
 	store := template.NewStore(filepath.Join(*dir, "templates"))
 	hash, err := resolveBuild(store, pos[0])
@@ -257,4 +285,52 @@ func templateSize(n int64) string {
 	default:
 		return fmt.Sprintf("%d KB", n>>10)
 	}
+}
+
+// remoteBuild posts spec to the server and shows its build's log as it
+// runs; interrupting the command cancels the build.
+func remoteBuild(ctx context.Context, c *client.Client, spec template.Spec, stdout, stderr io.Writer) int {
+	t, queued, err := c.CreateTemplate(ctx, spec)
+	if err != nil {
+		return failed(stderr, "template build", err)
+	}
+	if queued {
+		id := t.Build.BuildID
+		fmt.Fprintf(stderr, "template %s: build %s queued\n", t.Name, id)
+		t, err = c.FollowTemplateBuild(ctx, t.Name, id, func(line string) { fmt.Fprint(stderr, line) })
+		if err != nil {
+			if ctx.Err() != nil {
+				// Interrupted: the build is not wanted any more.
+				cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c.CancelTemplateBuild(cctx, spec.Name, id)
+			}
+			return failed(stderr, "template build", err)
+		}
+	}
+	if t.Status != api.TemplateReady {
+		fmt.Fprintf(stderr, "sbx template build: %s: %s: %s\n", t.Name, t.Status, t.LastError)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s %s %s %s\n", t.Name, template.ShortHash(t.Hash), templateSize(t.SizeBytes), t.Status)
+	return 0
+}
+
+// remoteList lists the templates the caller can use on the server.
+func remoteList(c *client.Client, stdout, stderr io.Writer) int {
+	list, err := c.Templates(context.Background())
+	if err != nil {
+		return failed(stderr, "template ls", err)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tSOURCE\tSTATUS\tHASH\tSIZE\tRUNTIME")
+	for _, t := range list.Templates {
+		size := "-"
+		if t.SizeBytes > 0 {
+			size = templateSize(t.SizeBytes)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Source, t.Status, template.ShortHash(t.Hash), size, t.Runtime)
+	}
+	tw.Flush()
+	return 0
 }

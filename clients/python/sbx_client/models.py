@@ -427,3 +427,49 @@ class ResourceList:
     path: str = ""
     resources: List[NamedResource] = _nested_list(NamedResource)
     raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class TemplateBuild:
+    """A build of one of the caller's templates: ``status`` is queued,
+    building, ready, failed or cancelled."""
+
+    build_id: str = ""
+    hash: str = ""
+    status: str = ""
+    error: str = ""
+    queued_at: Optional[datetime] = _time()
+    started_at: Optional[datetime] = _time()
+    finished_at: Optional[datetime] = _time()
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class TemplateVersion:
+    """A version of one of the caller's templates that was built."""
+
+    hash: str = ""
+    build_id: str = ""
+    size_bytes: int = 0
+    built_at: Optional[datetime] = _time()
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class Template:
+    """A template (R-40): ``source`` is builtin, operator or tenant (the
+    caller's own); ``status`` is ready, not_built, queued, building, failed
+    or cancelled; ``hash`` is the version, which a session keeps."""
+
+    name: str = ""
+    source: str = ""
+    status: str = ""
+    hash: str = ""
+    runtime: str = ""
+    release: str = ""
+    size_bytes: int = 0
+    built_at: Optional[datetime] = _time()
+    last_error: str = ""
+    build: Optional[TemplateBuild] = _nested(TemplateBuild)
+    versions: List[TemplateVersion] = _nested_list(TemplateVersion)
+    raw: Dict[str, Any] = _raw()

@@ -94,7 +94,10 @@ type job struct {
 // record is a tenant template's document.
 type record struct {
 	// Spec is the latest spec posted; its Owner is the tenant.
-	Spec     template.Spec         `json:"spec"`
+	Spec template.Spec `json:"spec"`
+	// Ready is the spec of the newest version built: what new sessions
+	// get while a newer spec builds, or after its build failed.
+	Ready    *template.Spec        `json:"ready,omitempty"`
 	Build    build                 `json:"build"`
 	Versions []api.TemplateVersion `json:"versions,omitempty"`
 }
@@ -144,6 +147,9 @@ func (r *Registry) Resolve(ctx context.Context, tenant, name string) (template.S
 	if tenant != "" {
 		rec, _, err := r.get(ctx, tenant, name)
 		if err == nil {
+			if rec.Build.Status != api.TemplateReady && rec.Ready != nil {
+				return *rec.Ready, nil
+			}
 			return rec.Spec, nil
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
@@ -172,6 +178,9 @@ func (r *Registry) get(ctx context.Context, tenant, name string) (*record, *stor
 		return nil, nil, fmt.Errorf("template %q: stored record: %w", name, err)
 	}
 	rec.Spec.Owner = tenant
+	if rec.Ready != nil {
+		rec.Ready.Owner = tenant
+	}
 	return &rec, d, nil
 }
 
@@ -337,6 +346,8 @@ func (r *Registry) finish(rec *record, status, msg string, t *template.Template)
 		return
 	}
 	rec.Build.SizeBytes = t.SizeBytes
+	ready := rec.Spec
+	rec.Ready = &ready
 	rec.Versions = slices.DeleteFunc(rec.Versions, func(v api.TemplateVersion) bool { return v.Hash == t.Hash })
 	rec.Versions = append([]api.TemplateVersion{{Hash: t.Hash, BuildID: rec.Build.BuildID, SizeBytes: t.SizeBytes, BuiltAt: t.BuiltAt.UTC()}}, rec.Versions...)
 	if len(rec.Versions) > maxVersions {

@@ -217,6 +217,11 @@ func TestBuildInBackground(t *testing.T) {
 // second cancel, or one of an unknown build, is refused.
 func TestCancel(t *testing.T) {
 	h := newHarness(t, Config{})
+	v0 := spec("slow", "v0")
+	h.fakeBuild("acme", v0)
+	if _, _, err := h.reg.Submit(ctx, "acme", v0); err != nil {
+		t.Fatal(err)
+	}
 	s := spec("slow", "v1")
 	h.hold("acme", s)
 	got, _, err := h.reg.Submit(ctx, "acme", s)
@@ -224,6 +229,10 @@ func TestCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.waitStatus("acme", "slow", api.TemplateBuilding)
+	// New sessions get the version built while the next one builds.
+	if r, err := h.reg.Resolve(ctx, "acme", "slow"); err != nil || r.Files["/etc/probe"] != "v0" {
+		t.Errorf("Resolve while v1 builds = %+v, %v; want v0", r, err)
+	}
 	if _, err := h.reg.Cancel(ctx, "other", "slow", got.Build.BuildID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("other tenant's cancel = %v; want ErrNotFound", err)
 	}
@@ -234,7 +243,10 @@ func TestCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := h.waitStatus("acme", "slow", api.TemplateCancelled)
-	if !strings.Contains(end.LastError, "cancelled") || end.Build.FinishedAt == nil || len(end.Versions) != 0 {
+	if r, err := h.reg.Resolve(ctx, "acme", "slow"); err != nil || r.Files["/etc/probe"] != "v0" {
+		t.Errorf("Resolve after v1 was cancelled = %+v, %v; want v0", r, err)
+	}
+	if !strings.Contains(end.LastError, "cancelled") || end.Build.FinishedAt == nil || len(end.Versions) != 1 {
 		t.Errorf("cancelled: %+v", end)
 	}
 	if _, err := h.reg.Cancel(ctx, "acme", "slow", got.Build.BuildID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
