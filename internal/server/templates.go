@@ -11,7 +11,6 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/template/registry"
 )
@@ -77,34 +76,11 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("force=%q: want true or false: %w", v, errdefs.ErrInvalidArgument))
 		return
 	}
-	t, name := tenant(r), r.PathValue("name")
-	inUse := func(ctx context.Context) (bool, error) { return s.templateInUse(ctx, t, name) }
-	if err := s.opt.Templates.Delete(r.Context(), t, name, force, inUse); err != nil {
+	if err := s.opt.Templates.Delete(r.Context(), tenant(r), r.PathValue("name"), force); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// templateInUse reports whether a session of the tenant that has not
-// ended names the template.
-func (s *Server) templateInUse(ctx context.Context, tenant, name string) (bool, error) {
-	f := store.SessionFilter{Tenant: tenant, Limit: 1000}
-	for {
-		page, next, err := s.opt.Store.ListSessions(ctx, f)
-		if err != nil {
-			return false, err
-		}
-		for _, sess := range page {
-			if sess.TemplateID == name && sess.Status != api.StatusTerminated {
-				return true, nil
-			}
-		}
-		if next == "" {
-			return false, nil
-		}
-		f.PageToken = next
-	}
 }
 
 // cancelTemplateBuild: POST /templates/{name}/builds/{build_id}/cancel.

@@ -68,7 +68,17 @@ func (r *Registry) run(j *job) {
 	t, err := r.cfg.Templates.Ensure(j.ctx, j.spec, j.log)
 	close(stopWatch)
 	<-watched
+	if err == nil && t.SizeBytes > r.cfg.MaxBuildBytes {
+		// Too large to keep: the tenant's builds are on the server's disk.
+		if rerr := r.cfg.Templates.Remove(context.Background(), t.Hash); rerr != nil {
+			r.log.Error("removing a template build over the size limit", "tenant", j.tenant, "template", j.name, "err", rerr)
+		}
+		t, err = nil, fmt.Errorf("the root filesystem is %d MiB, more than the %d MiB a template may take: %w", t.SizeBytes>>20, r.cfg.MaxBuildBytes>>20, errdefs.ErrResourceExhausted)
+	}
 	r.end(j, t, err)
+	if t != nil {
+		r.prune(context.Background(), j.tenant, j.name)
+	}
 }
 
 // mark records that j's build has started, unless it was cancelled,

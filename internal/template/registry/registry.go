@@ -64,6 +64,10 @@ type Config struct {
 	Builds int
 	// MaxTemplates bounds a tenant's templates. Default 50.
 	MaxTemplates int
+	// MaxBuildBytes bounds one build's root filesystem (default
+	// DefaultMaxBuildBytes), MaxTenantBytes a tenant's builds together
+	// (default DefaultMaxTenantBytes); see disk.go.
+	MaxBuildBytes, MaxTenantBytes int64
 	// LogDir keeps the logs of the builds this process ran.
 	LogDir string
 	Log    *slog.Logger
@@ -122,6 +126,12 @@ func New(cfg Config) *Registry {
 	}
 	if cfg.MaxTemplates <= 0 {
 		cfg.MaxTemplates = 50
+	}
+	if cfg.MaxBuildBytes <= 0 {
+		cfg.MaxBuildBytes = DefaultMaxBuildBytes
+	}
+	if cfg.MaxTenantBytes <= 0 {
+		cfg.MaxTenantBytes = DefaultMaxTenantBytes
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -399,6 +409,8 @@ func (r *Registry) Submit(ctx context.Context, tenant string, spec template.Spec
 		if built {
 			rec.Build.StartedAt = &now
 			r.finish(rec, api.TemplateReady, "", t)
+		} else if err := r.checkDisk(ctx, tenant, spec.Name); err != nil {
+			return api.Template{}, false, err
 		}
 		var j *job
 		if !built {
@@ -417,6 +429,8 @@ func (r *Registry) Submit(ctx context.Context, tenant string, spec template.Spec
 		}
 		if j != nil {
 			r.start(j)
+		} else {
+			r.prune(ctx, tenant, spec.Name)
 		}
 		return r.view(rec), !built, nil
 	}
@@ -462,10 +476,10 @@ func (r *Registry) Cancel(ctx context.Context, tenant, name, buildID string) (ap
 	return r.view(rec), nil
 }
 
-// Delete deletes a tenant's template. inUse says whether sessions use
-// it; they refuse the delete unless force, and with force keep the build
-// they run on this server until they end.
-func (r *Registry) Delete(ctx context.Context, tenant, name string, force bool, inUse func(ctx context.Context) (bool, error)) error {
+// Delete deletes a tenant's template. Sessions of the tenant that use it
+// and have not ended refuse the delete unless force, and with force keep
+// the build they run on this server until they end.
+func (r *Registry) Delete(ctx context.Context, tenant, name string, force bool) error {
 	if _, ok := template.Builtin(name); ok {
 		return fmt.Errorf("template %q is a built-in: %w", name, errdefs.ErrFailedPrecondition)
 	}
@@ -476,7 +490,7 @@ func (r *Registry) Delete(ctx context.Context, tenant, name string, force bool, 
 		}
 		return err
 	}
-	used, err := inUse(ctx)
+	pinned, used, err := r.sessionBuilds(ctx, tenant, name)
 	if err != nil {
 		return err
 	}
@@ -492,12 +506,7 @@ func (r *Registry) Delete(ctx context.Context, tenant, name string, force bool, 
 	// The builds are the tenant's (Spec.Owner): none of them serves
 	// another template of another tenant. One of its other templates may
 	// have the same rootfs, and sessions may still run on them.
-	keep := map[string]bool{}
-	if used {
-		for _, v := range rec.Versions {
-			keep[v.Hash] = true
-		}
-	}
+	keep := pinned
 	others, err := r.cfg.Store.ListDocuments(ctx, Kind, tenant, "", "", 1000)
 	if err != nil {
 		return nil // deleted; the builds stay, which is safe

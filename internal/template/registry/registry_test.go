@@ -344,36 +344,45 @@ func TestTenantsNeverShareBuilds(t *testing.T) {
 	}
 }
 
+// session records a session of the tenant's template, pinned to hash.
+func (h *harness) session(tenant, id, template, hash string) {
+	h.t.Helper()
+	cfg, _ := json.Marshal(map[string]string{"template_hash": hash})
+	if err := h.st.CreateSession(ctx, &store.Session{Tenant: tenant, ID: id, Status: api.StatusRunning, TemplateID: template, Config: cfg, CreatedAt: time.Now()}); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
 // TestDelete: refused while sessions use the template unless forced;
 // forced, the build stays for them; otherwise it goes.
 func TestDelete(t *testing.T) {
 	h := newHarness(t, Config{})
-	used := func(context.Context) (bool, error) { return true, nil }
-	unused := func(context.Context) (bool, error) { return false, nil }
 	for _, n := range []string{"kept", "gone"} {
 		h.fakeBuild("acme", spec(n, n))
 		if _, _, err := h.reg.Submit(ctx, "acme", spec(n, n)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := h.reg.Delete(ctx, "acme", "kept", false, used); !errors.Is(err, errdefs.ErrConflict) {
+	kept, _ := h.reg.Get(ctx, "acme", "kept")
+	h.session("acme", "s1", "kept", kept.Hash)
+	h.session("other", "s1", "gone", "") // another tenant's session of that name
+	if err := h.reg.Delete(ctx, "acme", "kept", false); !errors.Is(err, errdefs.ErrConflict) {
 		t.Errorf("delete in use = %v; want ErrConflict", err)
 	}
-	if err := h.reg.Delete(ctx, "other", "kept", false, unused); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := h.reg.Delete(ctx, "other", "kept", false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("other tenant's delete = %v; want ErrNotFound", err)
 	}
-	if err := h.reg.Delete(ctx, "acme", "python", true, unused); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := h.reg.Delete(ctx, "acme", "python", true); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("delete of a built-in = %v; want ErrFailedPrecondition", err)
 	}
-	kept, _ := h.reg.Get(ctx, "acme", "kept")
-	if err := h.reg.Delete(ctx, "acme", "kept", true, used); err != nil {
+	if err := h.reg.Delete(ctx, "acme", "kept", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.templates.Get(kept.Hash); err != nil {
 		t.Errorf("a forced delete removed the build sessions run on: %v", err)
 	}
 	gone, _ := h.reg.Get(ctx, "acme", "gone")
-	if err := h.reg.Delete(ctx, "acme", "gone", false, unused); err != nil {
+	if err := h.reg.Delete(ctx, "acme", "gone", false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.templates.Get(gone.Hash); !errors.Is(err, errdefs.ErrNotFound) {
@@ -383,6 +392,71 @@ func TestDelete(t *testing.T) {
 		if _, err := h.reg.Get(ctx, "acme", n); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("Get of deleted %s = %v", n, err)
 		}
+	}
+}
+
+// TestPrune: once a newer version is built, the older ones no session
+// runs on are removed, from the disk and from the versions.
+func TestPrune(t *testing.T) {
+	h := newHarness(t, Config{})
+	var hashes []string
+	for i, v := range []string{"v1", "v2", "v3"} {
+		hashes = append(hashes, h.fakeBuild("acme", spec("p", v)))
+		if _, _, err := h.reg.Submit(ctx, "acme", spec("p", v)); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			h.session("acme", "s1", "p", hashes[0]) // runs on v1
+		}
+	}
+	got, err := h.reg.Get(ctx, "acme", "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var versions []string
+	for _, v := range got.Versions {
+		versions = append(versions, v.Hash)
+	}
+	if want := []string{hashes[2], hashes[0]}; strings.Join(versions, " ") != strings.Join(want, " ") {
+		t.Errorf("versions %v; want v3 and v1 (which s1 runs on)", versions)
+	}
+	for i, want := range []bool{true, false, true} {
+		if _, err := h.templates.Get(hashes[i]); (err == nil) != want {
+			t.Errorf("build of v%d: %v; want kept %v", i+1, err, want)
+		}
+	}
+}
+
+// TestDiskBounds: a build over the size limit fails and is removed; a
+// tenant whose templates hold their share cannot start another build.
+func TestDiskBounds(t *testing.T) {
+	h := newHarness(t, Config{MaxBuildBytes: 2048, MaxTenantBytes: 6000})
+	big := spec("big", "x")
+	release := h.hold("acme", big)
+	if _, _, err := h.reg.Submit(ctx, "acme", big); err != nil {
+		t.Fatal(err)
+	}
+	hash := h.fakeBuild("acme", big) // 4096 bytes: over 2048
+	release()
+	got := h.waitStatus("acme", "big", api.TemplateFailed)
+	if !strings.Contains(got.LastError, "more than") {
+		t.Errorf("oversized build: %+v", got)
+	}
+	if _, err := h.templates.Get(hash); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the oversized build was kept: %v", err)
+	}
+	// One template of 4096 bytes built (at once): a build that may take
+	// 2048 more would pass 6000.
+	h.fakeBuild("acme", spec("one", "1"))
+	if _, _, err := h.reg.Submit(ctx, "acme", spec("one", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h.reg.Submit(ctx, "acme", spec("two", "2")); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Errorf("a build past the tenant's bytes = %v; want ErrResourceExhausted", err)
+	}
+	h.hold("other", spec("two", "2")) // its build waits, and is never made
+	if _, _, err := h.reg.Submit(ctx, "other", spec("two", "2")); err != nil {
+		t.Errorf("another tenant: %v", err)
 	}
 }
 
