@@ -66,6 +66,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		presignMax = fs.Int64("presign-max-bytes", server.DefaultPresignMaxBytes, "largest file a presigned URL is made for (a presign reads, hashes and stores all of it)")
 		e2bTTL     = fs.Duration("e2b-token-ttl", e2b.DefaultTokenTTL, "how long an E2B sandbox's access token stays good")
 		imageSize  = fs.Int64("workspace-image-size", 0, "size in `GiB` of the workspace image when it is made (sparse; default 64, at most 90% of the free disk)")
+		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
+		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
@@ -150,6 +152,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes,
 		Edge:      server.EdgeLimits{ReadHeaderTimeout: *hdrTime, IdleTimeout: *connIdle, BodyTimeout: *bodyTime, MinBodyRate: *bodyRate},
 		Snapshots: snapshot.Limits{MaxDepth: *snapDepth, MaxPath: *snapPath, MaxEntries: *snapN, MaxBytes: *snapBytes, Timeout: *snapTime},
+		Events:    app.EventsConfig{Retention: *evKeep, WebhookAllowPrivate: *hookPriv},
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
@@ -32,6 +33,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/webhook"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -115,6 +117,8 @@ type Config struct {
 	// 90% of the space free on the data directory's disk.
 	WorkspaceImageSize int64
 	Log                *slog.Logger
+	// Events configures lifecycle events and webhooks (events.go).
+	Events EventsConfig
 }
 
 // defaultImageSize is WorkspaceImageSize's default.
@@ -152,6 +156,10 @@ type App struct {
 	log       *slog.Logger
 	leader    *leadership
 	replica   string // this process's name among the replicas
+	events    *events.Log
+	webhooks  *webhook.Service
+	retention time.Duration // of events
+	trimmed   time.Time     // when the leader last deleted old events
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -246,6 +254,12 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		sessionReplica = replica
 		isAlive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
 	}
+	evlog, hooks := openEvents(cfg.Events, st, !local, leader, log)
+	var publish func(context.Context, events.Event)
+	var emit func(events.Event)
+	if evlog != nil {
+		publish, emit = evlog.Record, evlog.Emit
+	}
 	var metrics *server.Metrics
 	// One content-addressed store with one collector (the session
 	// reaper's, on the leader): snapshots, hibernated workspaces, resource
@@ -275,6 +289,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			return cfg.Limits
 		},
 		MaxResources: cfg.MaxResources,
+		Publish:      publish,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)
@@ -289,22 +304,26 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	metrics = server.NewMetrics(st, mgr)
 	// What an SQLite server finds unfinished at start is a previous
 	// process's, failed at once (Alive nil).
-	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive})
-	if err := execs.Recover(ctx); err != nil {
+	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive, Publish: emit})
+	fail := func(err error) (*App, error) {
 		execs.Close()
 		mgr.Close()
+		if evlog != nil {
+			evlog.Close()
+		}
 		st.Close()
-		return nil, fmt.Errorf("recovering executions: %w", err)
+		return nil, err
+	}
+	if err := execs.Recover(ctx); err != nil {
+		return fail(fmt.Errorf("recovering executions: %w", err))
 	}
 	if err := mgr.Start(ctx); err != nil {
-		execs.Close()
-		mgr.Close()
-		st.Close()
-		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
+		return fail(fmt.Errorf("reconciling sessions with sandboxes: %w", err))
 	}
 	srv := server.New(server.Options{
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
+		Events: evlog, EventPoll: cfg.Events.Poll, Webhooks: hooks,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -313,7 +332,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, log: log, leader: leader, replica: replica, stop: make(chan struct{}),
+		events: evlog, webhooks: hooks, retention: cfg.Events.Retention}
+	if evlog != nil {
+		hooks.Start()
+	}
 	app.wg.Add(1)
 	go app.beat()
 	return app, nil
@@ -328,8 +351,13 @@ func (a *App) Close() {
 func (a *App) close() {
 	close(a.stop)
 	a.wg.Wait()
+	a.Server.Shutdown()
+	a.webhooks.Close()
 	a.Execs.Close()
 	a.Sessions.Close()
+	if a.events != nil {
+		a.events.Close() // after what emits, so that their last events go in
+	}
 	a.leader.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	a.Store.ReleaseLease(ctx, replicaLease(a.replica), a.replica)
