@@ -24,7 +24,9 @@ type EventsOptions struct {
 	// Types are the event types wanted (api.Event* constants, groups such
 	// as "session.*"); none for all.
 	Types []string
-	// SessionID, if set, is the one session whose events are wanted.
+	// SessionID, if set, is the one session whose events are wanted
+	// (?session_id=: a session not there yet, or gone, simply has none;
+	// SessionEvents is the session's own page, 404 without it).
 	SessionID string
 	// Limit bounds a page (ListEvents; default 100).
 	Limit int
@@ -41,36 +43,35 @@ func (o EventsOptions) query() url.Values {
 	if o.Limit > 0 {
 		q.Set("limit", strconv.Itoa(o.Limit))
 	}
-	return q
-}
-
-// path is where the events opts asks for are: the tenant's, or one
-// session's.
-func (o EventsOptions) path() (string, error) {
-	if o.SessionID == "" {
-		return api.Prefix + "/events", nil
+	if o.SessionID != "" {
+		q.Set("session_id", o.SessionID)
 	}
-	return sessionPath(o.SessionID, "/events")
+	return q
 }
 
 // ListEvents returns a page of the tenant's events (or one session's)
 // after opts.After, oldest first; its NextAfter is the next page's After.
 func (c *Client) ListEvents(ctx context.Context, opts EventsOptions) (*api.EventList, error) {
-	p, err := opts.path()
-	if err != nil {
-		return nil, err
-	}
 	var out api.EventList
-	if _, err := c.call(ctx, http.MethodGet, p, opts.query(), nil, &out, http.StatusOK); err != nil {
+	if _, err := c.call(ctx, http.MethodGet, api.Prefix+"/events", opts.query(), nil, &out, http.StatusOK); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
-// SessionEvents returns a page of one session's events after after
-// (limit 0: 100).
+// SessionEvents returns a page of one of the tenant's sessions' events
+// after after (limit 0: 100); ErrNotFound if it has no such session.
 func (c *Client) SessionEvents(ctx context.Context, sessionID string, after int64, limit int) (*api.EventList, error) {
-	return c.ListEvents(ctx, EventsOptions{SessionID: sessionID, After: after, Limit: limit})
+	p, err := sessionPath(sessionID, "/events")
+	if err != nil {
+		return nil, err
+	}
+	var out api.EventList
+	q := EventsOptions{After: after, Limit: limit}.query()
+	if _, err := c.call(ctx, http.MethodGet, p, q, nil, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Events follows the tenant's events (or one session's) after opts.After
@@ -118,14 +119,10 @@ const (
 
 // connect opens the stream after s.after.
 func (s *EventStream) connect() error {
-	p, err := s.opts.path()
-	if err != nil {
-		return err
-	}
 	q := s.opts.query()
 	q.Del("limit")
 	q.Del("after")
-	req, err := s.c.request(s.ctx, http.MethodGet, p, q, nil)
+	req, err := s.c.request(s.ctx, http.MethodGet, api.Prefix+"/events", q, nil)
 	if err != nil {
 		return err
 	}
