@@ -26,6 +26,14 @@ type Options struct {
 	// RecordWait bounds how long Record waits (default 2s): a store that
 	// does not answer delays a change that long, and no longer.
 	RecordWait time.Duration
+	// Linger is how long the queue waits after an event comes before it
+	// appends it with those that come meanwhile (default 20ms; negative:
+	// not at all). An execution's start and end are then written after
+	// its answer is on its way, not beside it: on a busy machine the
+	// appends' CPU and the store's one writer (SQLite) slowed the round
+	// trip by about 5% when written at once. An event Record waits for
+	// goes at once.
+	Linger time.Duration
 }
 
 // Log appends one process's events to the store, in the order they are
@@ -35,6 +43,7 @@ type Log struct {
 	opt     Options
 	log     *slog.Logger
 	kick    chan struct{} // the queue has something (capacity 1)
+	urgent  chan struct{} // a Record waits on it (capacity 1)
 	closing chan struct{} // Close was called: append what is queued, then stop
 	done    chan struct{} // the goroutine has stopped
 
@@ -62,8 +71,12 @@ func New(opt Options) *Log {
 	if opt.RecordWait <= 0 {
 		opt.RecordWait = 2 * time.Second
 	}
+	if opt.Linger == 0 {
+		opt.Linger = 20 * time.Millisecond
+	}
 	l := &Log{
-		opt: opt, log: opt.Log, kick: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
+		opt: opt, log: opt.Log, kick: make(chan struct{}, 1), urgent: make(chan struct{}, 1),
+		closing: make(chan struct{}), done: make(chan struct{}),
 		last: map[string]int64{}, changed: make(chan struct{}),
 	}
 	go l.run()
@@ -115,11 +128,18 @@ func (l *Log) enqueue(e Event, wait bool) *item {
 	}
 	l.queue = append(l.queue, it)
 	l.mu.Unlock()
-	select {
-	case l.kick <- struct{}{}:
-	default:
+	signal(l.kick)
+	if wait {
+		signal(l.urgent)
 	}
 	return it
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
 
 // Last is the number of the tenant's last event this process appended,
@@ -175,12 +195,29 @@ func (l *Log) run() {
 		case <-ctx.Done():
 		}
 	}()
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
 	for {
 		closing := false
 		select {
 		case <-l.kick:
 		case <-l.closing:
 			closing = true
+		}
+		if !closing && l.opt.Linger > 0 {
+			linger.Reset(l.opt.Linger)
+			select {
+			case <-linger.C:
+			case <-l.urgent:
+				linger.Stop()
+			case <-l.closing:
+				linger.Stop()
+				closing = true
+			}
+		}
+		select {
+		case <-l.urgent: // served by this round
+		default:
 		}
 		for {
 			l.mu.Lock()
