@@ -210,3 +210,20 @@ func TestParseTypes(t *testing.T) {
 		t.Error("nil does not match everything")
 	}
 }
+
+// Flush returns once what was emitted before it is in, without the
+// queue's linger.
+func TestFlush(t *testing.T) {
+	st := openStore(t)
+	l := events.New(events.Options{Store: st, Log: quiet(), Linger: time.Hour})
+	defer l.Close()
+	l.Flush(context.Background()) // nothing queued: at once
+	for i := range 3 {
+		l.Emit(events.Event{Tenant: "t", Type: api.EventSessionCreated})
+		l.Flush(context.Background())
+		evs, err := st.ListEvents(context.Background(), store.EventFilter{Tenant: "t"})
+		if err != nil || len(evs) != i+1 {
+			t.Fatalf("after Flush %d: %d events (%v)", i, len(evs), err)
+		}
+	}
+}

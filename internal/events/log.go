@@ -49,6 +49,7 @@ type Log struct {
 
 	mu      sync.Mutex
 	queue   []*item
+	pending int // queued or being appended
 	dropped int
 	closed  bool
 	last    map[string]int64 // each tenant's last number this process appended
@@ -58,6 +59,8 @@ type Log struct {
 type item struct {
 	ev   store.Event
 	done chan struct{} // closed when appended or dropped; nil for Emit
+	// flush marks Flush's place in the queue: nothing to append.
+	flush bool
 }
 
 // New returns a log and starts its goroutine.
@@ -127,12 +130,39 @@ func (l *Log) enqueue(e Event, wait bool) *item {
 		return nil
 	}
 	l.queue = append(l.queue, it)
+	l.pending++
 	l.mu.Unlock()
 	signal(l.kick)
 	if wait {
 		signal(l.urgent)
 	}
 	return it
+}
+
+// Flush waits until the events this process emitted before it are
+// appended (or dropped), at most Options.RecordWait or until ctx ends,
+// without the queue's linger: a reader that asks after a change made
+// through this process then sees its event. It returns at once when
+// nothing is queued.
+func (l *Log) Flush(ctx context.Context) {
+	l.mu.Lock()
+	if l.pending == 0 || l.closed {
+		l.mu.Unlock()
+		return
+	}
+	it := &item{flush: true, done: make(chan struct{})}
+	l.queue = append(l.queue, it)
+	l.pending++
+	l.mu.Unlock()
+	signal(l.kick)
+	signal(l.urgent)
+	t := time.NewTimer(l.opt.RecordWait)
+	defer t.Stop()
+	select {
+	case <-it.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 func signal(c chan struct{}) {
@@ -246,6 +276,14 @@ func (l *Log) run() {
 func (l *Log) append(ctx context.Context, it *item) {
 	if it.done != nil {
 		defer close(it.done)
+	}
+	defer func() {
+		l.mu.Lock()
+		l.pending--
+		l.mu.Unlock()
+	}()
+	if it.flush {
+		return
 	}
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {

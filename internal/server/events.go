@@ -90,6 +90,10 @@ func parseEventQuery(r *http.Request) (eventQuery, error) {
 }
 
 func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request, q eventQuery) {
+	if s.opt.Events != nil {
+		// What this process did before the request is in what it reads.
+		s.opt.Events.Flush(r.Context())
+	}
 	if wantsEventStream(r) {
 		s.followEvents(w, r, q)
 		return
