@@ -34,8 +34,11 @@ from .errors import (
     Unavailable,
     Unprocessable,
     UnsupportedMediaType,
+    WebhookVerificationError,
 )
 from .models import (
+    Event,
+    EventList,
     ExecError,
     Execution,
     ExecutionList,
@@ -54,14 +57,19 @@ from .models import (
     Tool,
     ToolResult,
     UploadedFile,
+    Webhook,
+    WebhookDelivery,
+    WebhookDeliveryList,
 )
 from ._agents import agent_session_id
+from ._events import verify_webhook
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
     "agent_session_id",
+    "verify_webhook",
     # errors
     "SbxError",
     "InvalidArgument",
@@ -79,6 +87,7 @@ __all__ = [
     "ResultNotReceived",
     "SessionCreateFailed",
     "SessionNotReady",
+    "WebhookVerificationError",
     # results
     "Health",
     "Resources",
@@ -98,4 +107,9 @@ __all__ = [
     "ResourceList",
     "Tool",
     "ToolResult",
+    "Event",
+    "EventList",
+    "Webhook",
+    "WebhookDelivery",
+    "WebhookDeliveryList",
 ]
