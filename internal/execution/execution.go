@@ -529,7 +529,11 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 		s.published(&rec, x)
 	}
 	r.mu.Lock()
-	r.status, r.result, r.rec = x.Status, x, rec
+	// The record's key (tenant, id, session, creation) is read without
+	// r.mu (Live, ID, cancelSession, watchCancels): only what changes is
+	// written.
+	r.status, r.result = x.Status, x
+	r.rec.Status, r.rec.StartedAt, r.rec.FinishedAt, r.rec.Result, r.rec.Owner = rec.Status, rec.StartedAt, rec.FinishedAt, rec.Result, rec.Owner
 	r.notifyLocked()
 	r.mu.Unlock()
 	s.mu.Lock()
