@@ -507,3 +507,22 @@ func TestEventsWhileChanging(t *testing.T) {
 		}
 	}
 }
+
+// The reaper's changes are events too, with reason idle (and ttl): a
+// session without a sandbox hibernates after its hibernate_timeout and
+// expires at its TTL.
+func TestReaperEvents(t *testing.T) {
+	ts := startConfigured(t, func(c *app.Config) { withEvents(c); c.ReapInterval = 50 * time.Millisecond })
+	c := ts.client("")
+	if _, _, err := c.CreateSession(context.Background(), api.CreateSessionRequest{SessionID: "idle", HibernateTimeout: 1, Timeout: 3}); err != nil {
+		t.Fatal(err)
+	}
+	evs := waitEvents(t, c, "idle", 3)
+	want := []string{api.EventSessionCreated, api.EventSessionHibernated, api.EventSessionExpired}
+	if got := typesOf(evs); !slices.Equal(got, want) {
+		t.Fatalf("events %v, want %v", got, want)
+	}
+	if evs[1].Data.Reason != "idle" || evs[2].Data.Reason != "ttl" || evs[2].Data.Status != api.StatusTerminated {
+		t.Errorf("hibernated %+v, expired %+v", evs[1].Data, evs[2].Data)
+	}
+}
