@@ -164,7 +164,19 @@ func benchScaleHTTP(ctx context.Context, env *scaleEnv, add func(row)) {
 	defer lite.stop()
 	pg := startControlPlane(scaleDir("http-pg"), withRT, withStore(url))
 	defer pg.stop()
-	cps := [2]*controlPlane{lite, pg}
+	// The same two without lifecycle events, as they were before
+	// them: what recording an execution's start and end costs its round
+	// trip, measured in the same turns.
+	offURL, ok := env.postgres(measureName, add)
+	if !ok {
+		return
+	}
+	eventsOff := func(c *app.Config) { c.Events.Off = true }
+	liteOff := startControlPlane(scaleDir("http-sqlite-off"), withRT, eventsOff)
+	defer liteOff.stop()
+	pgOff := startControlPlane(scaleDir("http-pg-off"), withRT, withStore(offURL), eventsOff)
+	defer pgOff.stop()
+	cps := [4]*controlPlane{lite, pg, liteOff, pgOff}
 
 	for _, cp := range cps {
 		if _, _, err := cp.c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "rt", TemplateID: "python"}); err != nil {
@@ -174,8 +186,7 @@ func benchScaleHTTP(ctx context.Context, env *scaleEnv, add func(row)) {
 			mustExec(ctx, cp.c, "rt", "print(1)")
 		}
 	}
-	w0 := pgWrites(ctx, url)
-	var trip [2]samples
+	var trip [4]samples
 	for range *rounds {
 		for j, cp := range cps {
 			time.Sleep(*pause)
@@ -184,8 +195,19 @@ func benchScaleHTTP(ctx context.Context, env *scaleEnv, add func(row)) {
 			trip[j] = append(trip[j], time.Since(t0))
 		}
 	}
-	writes := float64(pgWrites(ctx, url)-w0-1) / float64(*rounds)
-	var first [2]samples
+	// The cluster's transaction counter counts both databases' writes:
+	// each server's are counted while it alone runs.
+	writesOf := func(cp *controlPlane) float64 {
+		const n = 50
+		w0 := pgWrites(ctx, url)
+		for range n {
+			time.Sleep(*pause)
+			mustExec(ctx, cp.c, "rt", "print(1)")
+		}
+		return float64(pgWrites(ctx, url)-w0-1) / n
+	}
+	writes, writesOff := writesOf(pg), writesOf(pgOff)
+	var first [4]samples
 	for i := range *httpCreates {
 		for j, cp := range cps {
 			id := fmt.Sprintf("first-%d", i)
@@ -213,10 +235,26 @@ func benchScaleHTTP(ctx context.Context, env *scaleEnv, add func(row)) {
 	add(row{name: "    same, PostgreSQL store", p50: trip[1].p(50), p99: trip[1].p(99), goal: "< +1 ms p50",
 		vs: fmt.Sprintf("p95 %s; %s", fmtDur(trip[1].p(95)), plus(trip[1].p(50), trip[0].p(50), "SQLite"))})
 	add(row{name: "    PostgreSQL: SELECT 1 from Go (pgx), one round trip", p50: ping.p(50), p99: ping.p(99),
-		vs: fmt.Sprintf("%.1f write transactions per execution", writes)})
+		vs: fmt.Sprintf("%.1f write transactions per execution (%.1f without events)", writes, writesOff)})
 	add(row{name: "    HTTP create session -> first result (python, lazy): SQLite", p50: first[0].p(50), p99: first[0].p(99)})
 	add(row{name: "    same, PostgreSQL store", p50: first[1].p(50), p99: first[1].p(99),
 		vs: plus(first[1].p(50), first[0].p(50), "SQLite")})
+	for j, store := range []string{"SQLite", "PostgreSQL"} {
+		on, off := trip[j], trip[j+2]
+		add(row{name: "    round trip without events (before R-87): " + store, p50: off.p(50), p99: off.p(99),
+			vs: fmt.Sprintf("with events p50 %s (%s), p95 ratio %.3f; ratio %.3f", fmtDur(on.p(50)), signed(on.p(50)-off.p(50)),
+				float64(on.p(95))/float64(off.p(95)), float64(on.p(50))/float64(off.p(50)))})
+		add(row{name: "    create -> first result without events: " + store, p50: first[j+2].p(50), p99: first[j+2].p(99),
+			vs: fmt.Sprintf("with events %s, ratio %.3f", fmtDur(first[j].p(50)), float64(first[j].p(50))/float64(first[j+2].p(50)))})
+	}
+}
+
+// signed is a difference of durations with its sign.
+func signed(d time.Duration) string {
+	if d < 0 {
+		return "-" + fmtDur(-d)
+	}
+	return "+" + fmtDur(d)
 }
 
 // pgWrites is the database's transaction counter: its difference over a

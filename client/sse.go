@@ -15,6 +15,7 @@ const maxSSELine = 512 << 20
 type sseEvent struct {
 	name string // "message" when the event names none
 	data string // its data lines, joined with "\n"
+	id   string // the last event id of the stream so far
 }
 
 // sseReader reads server-sent events as the HTML standard defines them:
@@ -25,6 +26,10 @@ type sseEvent struct {
 type sseReader struct {
 	sc      *bufio.Scanner
 	started bool
+	// lastID is the stream's last event id: set by every "id" field, also
+	// of a block without data (which is no event), and kept across
+	// events, as the standard says; a reconnection sends it.
+	lastID string
 }
 
 func newSSEReader(r io.Reader) *sseReader {
@@ -55,7 +60,7 @@ func (r *sseReader) next() (sseEvent, error) {
 			if name == "" {
 				name = "message"
 			}
-			return sseEvent{name: name, data: data.String()}, nil
+			return sseEvent{name: name, data: data.String(), id: r.lastID}, nil
 		}
 		if line[0] == ':' {
 			continue
@@ -71,9 +76,14 @@ func (r *sseReader) next() (sseEvent, error) {
 			}
 			data.WriteString(value)
 			hasData = true
+		case "id":
+			if !strings.ContainsRune(value, 0) {
+				r.lastID = value
+			}
 		}
-		// id and retry are for reconnecting, which a finished execution
-		// does not need; other fields are ignored, as the standard says.
+		// retry is the server's advice on reconnecting, which the event
+		// streams' reader does on its own terms; other fields are
+		// ignored, as the standard says.
 	}
 	if err := r.sc.Err(); err != nil {
 		return sseEvent{}, err

@@ -78,6 +78,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		llmSteps   = fs.Int("llm-max-steps", chat.DefaultMaxSteps, "most model calls of one chat turn; a model still calling tools at the last one ends the turn (env SBX_LLM_MAX_STEPS)")
 		llmTurns   = fs.Int("llm-history-turns", chat.DefaultHistoryTurns, "last turns a chat's history keeps whole; older ones the model summarizes")
 		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
+		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
+		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
@@ -172,6 +174,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		MetricsInterval: *metricsInt, MetricsHistory: *metricsKep,
 		Edge:      server.EdgeLimits{ReadHeaderTimeout: *hdrTime, IdleTimeout: *connIdle, BodyTimeout: *bodyTime, MinBodyRate: *bodyRate},
 		Snapshots: snapshot.Limits{MaxDepth: *snapDepth, MaxPath: *snapPath, MaxEntries: *snapN, MaxBytes: *snapBytes, Timeout: *snapTime},
+		Events:    app.EventsConfig{Retention: *evKeep, WebhookAllowPrivate: *hookPriv},
 	})
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/chat"
+	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
@@ -35,6 +36,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/template/registry"
 	"github.com/sbx-sandbox/sbx/internal/usage"
+	"github.com/sbx-sandbox/sbx/internal/webhook"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -127,7 +129,9 @@ type Config struct {
 	// Chat is the chat loop's model endpoint: none without a
 	// BaseURL, and POST /agents/{id}/chat is then 503.
 	Chat chat.Config
-	Log  *slog.Logger
+	// Events configures lifecycle events and webhooks (events.go).
+	Events EventsConfig
+	Log    *slog.Logger
 }
 
 // defaultImageSize is WorkspaceImageSize's default.
@@ -167,6 +171,10 @@ type App struct {
 	log       *slog.Logger
 	leader    *leadership
 	replica   string // this process's name among the replicas
+	events    *events.Log
+	webhooks  *webhook.Service
+	retention time.Duration // of events
+	trimmed   time.Time     // when the leader last deleted old events
 	stop      chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -261,6 +269,12 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		sessionReplica = replica
 		isAlive = func(ctx context.Context, owner string) (bool, error) { return alive(ctx, st, owner) }
 	}
+	evlog, hooks := openEvents(cfg.Events, st, !local, leader, log)
+	var publish func(context.Context, events.Event)
+	var emit func(events.Event)
+	if evlog != nil {
+		publish, emit = evlog.Record, evlog.Emit
+	}
 	var metrics *server.Metrics
 	var sampler *usage.Sampler // made after the manager, whose sandboxes it samples
 	// One content-addressed store with one collector (the session
@@ -301,6 +315,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			return cfg.Limits
 		},
 		MaxResources: cfg.MaxResources,
+		Publish:      publish,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)
@@ -324,20 +339,22 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	metrics.RegisterUsage(sampler)
 	// What an SQLite server finds unfinished at start is a previous
 	// process's, failed at once (Alive nil).
-	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive})
-	if err := execs.Recover(ctx); err != nil {
+	execs := execution.New(execution.Options{Store: st, Sessions: mgr, Log: log, Finished: metrics.ExecutionFinished, Owner: replica, Alive: isAlive, Publish: emit})
+	fail := func(err error) (*App, error) {
 		execs.Close()
 		mgr.Close()
 		reg.Close()
+		if evlog != nil {
+			evlog.Close()
+		}
 		st.Close()
-		return nil, fmt.Errorf("recovering executions: %w", err)
+		return nil, err
+	}
+	if err := execs.Recover(ctx); err != nil {
+		return fail(fmt.Errorf("recovering executions: %w", err))
 	}
 	if err := mgr.Start(ctx); err != nil {
-		execs.Close()
-		mgr.Close()
-		reg.Close()
-		st.Close()
-		return nil, fmt.Errorf("reconciling sessions with sandboxes: %w", err)
+		return fail(fmt.Errorf("reconciling sessions with sandboxes: %w", err))
 	}
 	var chatLoop *chat.Chat
 	if cfg.Chat.BaseURL != "" {
@@ -345,11 +362,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			cfg.Chat.Log = log
 		}
 		if chatLoop, err = chat.New(cfg.Chat, st); err != nil {
-			execs.Close()
-			mgr.Close()
-			reg.Close()
-			st.Close()
-			return nil, err
+			return fail(err)
 		}
 	}
 	sampler.Start()
@@ -357,6 +370,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Chat:  chatLoop,
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
+		Events: evlog, EventPoll: cfg.Events.Poll, Webhooks: hooks,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -365,7 +379,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	mgr.Prebuild(cfg.Prebuild)
-	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, Usage: sampler, log: log, leader: leader, replica: replica, stop: make(chan struct{})}
+	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, Usage: sampler, log: log, leader: leader, replica: replica, stop: make(chan struct{}),
+		events: evlog, webhooks: hooks, retention: cfg.Events.Retention}
+	if evlog != nil {
+		hooks.Start()
+	}
 	app.wg.Add(1)
 	go app.beat()
 	return app, nil
@@ -380,10 +398,15 @@ func (a *App) Close() {
 func (a *App) close() {
 	close(a.stop)
 	a.wg.Wait()
+	a.Server.Shutdown()
+	a.webhooks.Close()
 	a.Usage.Close()
 	a.Execs.Close()
 	a.Sessions.Close()
 	a.Templates.Close()
+	if a.events != nil {
+		a.events.Close() // after what emits, so that their last events go in
+	}
 	a.leader.release()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	a.Store.ReleaseLease(ctx, replicaLease(a.replica), a.replica)

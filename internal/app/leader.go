@@ -29,8 +29,10 @@ type leadership struct {
 	holder string
 	log    *slog.Logger
 
-	mu    sync.Mutex
-	token int64 // of the current holding; 0 when not held
+	mu      sync.Mutex
+	token   int64     // of the current holding; 0 when not held
+	renewed time.Time // when the store last said this process holds it
+	asked   bool      // held was called once
 }
 
 // replicaName names this process among the replicas: host, pid and a
@@ -64,9 +66,30 @@ func (l *leadership) held(ctx context.Context) bool {
 	}
 	if !held {
 		token = 0
+	} else {
+		l.renewed = time.Now()
 	}
-	l.token = token
+	l.token, l.asked = token, true
 	return held
+}
+
+// current says whether this process held the lease at its last renewal,
+// recent enough (half the lease's time) that it holds it still, without
+// asking the store: for work that looks often (the webhook deliverer)
+// between the renewals of the reaper and the beat. It asks once, the
+// first time, so that a new process does not wait for a beat.
+func (l *leadership) current() bool {
+	l.mu.Lock()
+	asked := l.asked
+	l.mu.Unlock()
+	if !asked {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return l.held(ctx)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.token != 0 && time.Since(l.renewed) < leaderTTL/2
 }
 
 // release gives the lease up, so that another replica takes over at once.
@@ -132,6 +155,7 @@ func (a *App) beat() {
 			if err := a.Execs.Recover(ctx); err != nil {
 				a.log.Warn("failing the executions of replicas that stopped", "err", err)
 			}
+			a.trimEvents(ctx)
 		}
 		cancel()
 	}

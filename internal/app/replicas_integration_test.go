@@ -129,6 +129,7 @@ func TestReplicas(t *testing.T) {
 	t.Run("OutputElsewhere", cl.testOutputElsewhere)
 	t.Run("OutcomeIsFinal", cl.testOutcomeIsFinal)
 	t.Run("MixedTraffic", cl.testMixedTraffic)
+	t.Run("EventsAcross", cl.testEventsAcross)
 }
 
 // errorLog is the replicas' clients' transport: it keeps the 5xx answers
@@ -238,7 +239,7 @@ func (cl *cluster) start(t *testing.T, i int) *replica {
 		"--store", cl.storeURL, "--blob", cl.blobURL,
 		"--data-dir", cl.dir, "--state-dir", cl.state,
 		"--template-dir", testenv.TemplateDir(), "--prebuild", "",
-		"--workspace-image-size", "4")
+		"--workspace-image-size", "4", "--webhook-allow-private")
 	cmd.Env = cl.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The replica dies with the test process, however that ends: the

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
@@ -45,6 +46,10 @@ type Options struct {
 	Log      *slog.Logger
 	// Finished, if set, hears of every execution's end (metrics).
 	Finished func(status string, d time.Duration)
+	// Publish, if set, is told of every execution's start and end
+	// (api.EventExecutionStarted, api.EventExecutionFinished; R-87). It
+	// must not wait: it is called on the execution's way.
+	Publish func(e events.Event)
 	// Owner names this server among the replicas sharing the store: the
 	// executions it runs carry it, and only it or a server that finds it
 	// gone fails them when they are left unfinished.
@@ -74,6 +79,9 @@ func New(opt Options) *Service {
 	}
 	if opt.Finished == nil {
 		opt.Finished = func(string, time.Duration) {}
+	}
+	if opt.Publish == nil {
+		opt.Publish = func(events.Event) {}
 	}
 	ctx, stop := context.WithCancelCause(context.Background())
 	s := &Service{opt: opt, log: opt.Log, ctx: ctx, stop: stop, live: map[string]*Run{}}
@@ -178,6 +186,7 @@ func (s *Service) Recover(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		s.published(rec, x)
 		failed++
 	}
 	if failed > 0 {
@@ -371,6 +380,11 @@ func (s *Service) run(ctx context.Context, r *Run) {
 		r.status, r.lease, r.started = api.ExecRunning, lease, time.Now().UTC()
 		r.notifyLocked()
 		r.mu.Unlock()
+		if attempt == 0 {
+			s.opt.Publish(events.Event{Tenant: r.rec.Tenant, SessionID: r.rec.SessionID, Type: api.EventExecutionStarted, Data: api.EventData{
+				Status: api.ExecRunning, ExecutionID: r.rec.ID, Language: r.rec.Language, ConversationID: r.rec.ConversationID, SandboxID: lease.SandboxID,
+			}})
+		}
 		if s.opt.Alive != nil && attempt == 0 {
 			// Other replicas read the record: it says running too,
 			// written beside the run, not before it.
@@ -488,6 +502,7 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 	rec.Result, _ = json.Marshal(x)
 	r.flushMu.Lock() // after any write of the run's progress
 	err := s.opt.Store.UpdateExecution(context.Background(), &rec)
+	told := false // the outcome recorded elsewhere was told of there
 	if errors.Is(err, errdefs.ErrConflict) {
 		// Another process wrote an outcome first: the replica running the
 		// reaper took this one for dead (its liveness lease lapsed) and
@@ -498,7 +513,7 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 				s.log.Warn("an execution ended after another replica recorded its outcome; that outcome stands",
 					"execution", rec.ID, "ran", x.Status, "recorded", fx.Status)
 				x, rec = fx, *cur
-				err = nil
+				err, told = nil, true
 			}
 		}
 	}
@@ -508,8 +523,17 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 	r.finished = true
 	r.flushMu.Unlock()
 	s.opt.Finished(x.Status, time.Duration(x.DurationMs)*time.Millisecond)
+	// Told before the waiters hear: a client that saw the result and then
+	// changes the session (through this process) is told of after it.
+	if !told {
+		s.published(&rec, x)
+	}
 	r.mu.Lock()
-	r.status, r.result, r.rec = x.Status, x, rec
+	// The record's key (tenant, id, session, creation) is read without
+	// r.mu (Live, ID, cancelSession, watchCancels): only what changes is
+	// written.
+	r.status, r.result = x.Status, x
+	r.rec.Status, r.rec.StartedAt, r.rec.FinishedAt, r.rec.Result, r.rec.Owner = rec.Status, rec.StartedAt, rec.FinishedAt, rec.Result, rec.Owner
 	r.notifyLocked()
 	r.mu.Unlock()
 	s.mu.Lock()
@@ -524,6 +548,23 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 			s.log.Warn("trimming execution history", "tenant", rec.Tenant, "session", rec.SessionID, "err", err)
 		}
 	}
+}
+
+// published tells Options.Publish of an execution's end, as recorded:
+// its status, duration, exit code and error type, never its output.
+func (s *Service) published(rec *store.Execution, x *api.Execution) {
+	d := api.EventData{
+		Status: x.Status, ExecutionID: rec.ID, Language: rec.Language, ConversationID: rec.ConversationID,
+		ExitCode: x.ExitCode,
+	}
+	if x.StartedAt != nil {
+		ms := x.DurationMs
+		d.DurationMs = &ms
+	}
+	if x.Error != nil {
+		d.ErrorType = x.Error.Type
+	}
+	s.opt.Publish(events.Event{Tenant: rec.Tenant, SessionID: rec.SessionID, Type: api.EventExecutionFinished, Data: d})
 }
 
 // summary is an execution's record as the API shows it, without outputs.

@@ -69,7 +69,16 @@ func (l EdgeLimits) withDefaults() EdgeLimits {
 
 // HTTPServer is an http.Server for the handler with the edge's time
 // limits; the caller sets what else it needs (ErrorLog) and serves.
-func (s *Server) HTTPServer() *http.Server { return s.opt.Edge.server(s.Handler()) }
+func (s *Server) HTTPServer() *http.Server {
+	hs := s.opt.Edge.server(s.Handler())
+	hs.RegisterOnShutdown(s.Shutdown)
+	return hs
+}
+
+// Shutdown ends the streams that would otherwise go on until their
+// clients leave (GET /events), so that a graceful shutdown does not wait
+// for them.
+func (s *Server) Shutdown() { s.shutdownOnce.Do(func() { close(s.shutdown) }) }
 
 // server has no ReadTimeout or WriteTimeout: they would bound a whole
 // upload, long poll or event stream, however lively.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -19,12 +20,14 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
+	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template/registry"
 	"github.com/sbx-sandbox/sbx/internal/usage"
+	"github.com/sbx-sandbox/sbx/internal/webhook"
 )
 
 // Options configure a Server.
@@ -65,6 +68,12 @@ type Options struct {
 	// Chat is the chat loop; nil when no model endpoint is
 	// configured (POST /agents/{id}/chat is then 503).
 	Chat *chat.Chat
+	// Events wakes event streams when this process records an event;
+	// EventPoll is how often they look for other replicas' (default
+	// DefaultEventPoll). Webhooks keeps the tenants' webhooks.
+	Events    *events.Log
+	EventPoll time.Duration
+	Webhooks  *webhook.Service
 }
 
 // Server serves the API.
@@ -73,6 +82,10 @@ type Server struct {
 	log *slog.Logger
 	mux *http.ServeMux
 	e2b http.Handler // the E2B-compatible APIs (e2b.go)
+	// shutdown is closed when the HTTP server shuts down: streams that
+	// would go on for ever end then.
+	shutdown     chan struct{}
+	shutdownOnce sync.Once
 }
 
 // New returns the server; Handler is what to serve.
@@ -84,7 +97,10 @@ func New(opt Options) *Server {
 		opt.Metrics = NewMetrics(opt.Store, opt.Sessions)
 	}
 	opt.Edge = opt.Edge.withDefaults()
-	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux()}
+	if opt.EventPoll <= 0 {
+		opt.EventPoll = DefaultEventPoll
+	}
+	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{})}
 	s.routes()
 	s.e2b = s.newE2B()
 	return s
@@ -139,6 +155,13 @@ func (s *Server) routes() {
 	s.handle("GET "+p+"/tools", s.listTools)
 	s.handle("POST "+p+"/tools/{name}/invoke", s.invokeTool)
 	s.handle("/mcp", s.serveMCP)
+	s.handle("GET "+p+"/events", s.listEvents)
+	s.handle("GET "+p+"/sessions/{session_id}/events", s.sessionEvents)
+	s.handle("POST "+p+"/webhooks", s.createWebhook)
+	s.handle("GET "+p+"/webhooks", s.listWebhooks)
+	s.handle("GET "+p+"/webhooks/{webhook_id}", s.getWebhook)
+	s.handle("DELETE "+p+"/webhooks/{webhook_id}", s.deleteWebhook)
+	s.handle("GET "+p+"/webhooks/{webhook_id}/deliveries", s.webhookDeliveries)
 	s.mux.HandleFunc("GET "+p+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)

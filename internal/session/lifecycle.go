@@ -69,6 +69,15 @@ func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*s
 	if rec.Status == api.StatusPaused {
 		return rec, nil
 	}
+	rec, err := m.freezeEntry(ctx, rec, idle)
+	if err == nil {
+		m.emit(ctx, api.EventSessionPaused, rec, api.EventData{Reason: reasonOf(idle)})
+	}
+	return rec, err
+}
+
+// freezeEntry does freeze's work, under the entry's lock.
+func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
 	if !canMove(rec.Status, api.StatusPaused) {
 		return nil, &TransitionError{Session: rec.ID, From: rec.Status, To: api.StatusPaused}
 	}
@@ -238,6 +247,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 		if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
 			return nil, err
 		}
+		m.emit(ctx, api.EventSessionResumed, rec, api.EventData{})
 	}
 	if start {
 		s, err := m.decode(rec)
@@ -376,6 +386,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	if err != nil {
 		return nil, err
 	}
+	m.emit(ctx, api.EventSessionHibernated, rec, api.EventData{Reason: reasonOf(idle)})
 	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
 	}
@@ -412,6 +423,7 @@ func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*s
 	if err != nil {
 		return nil, err
 	}
+	m.emit(ctx, api.EventSessionRestored, rec, api.EventData{})
 	if m.opt.Snapshots != nil {
 		if err := m.opt.Snapshots.Delete(ctx, hibernatedKey(k)); err != nil {
 			m.log.Warn("removing a hibernated workspace's manifest", "session", rec.ID, "err", err)
@@ -501,6 +513,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	e.mu.Lock()
 	e.snap = mf
 	e.unlock()
+	m.emit(ctx, api.EventSessionSnapshot, rec, api.EventData{SnapshotID: sid})
 	out := toAPISnapshot(k, sid, mf)
 	out.NewBytes = &st.NewBytes
 	return &out, nil
@@ -684,6 +697,7 @@ func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (
 	if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
 		return nil, err
 	}
+	m.emit(ctx, api.EventSessionSnapshotRestored, rec, api.EventData{SnapshotID: sid})
 	return m.decode(rec)
 }
 

@@ -135,7 +135,10 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 	switch {
 	case !rec.ExpiresAt.IsZero() && !now.Before(rec.ExpiresAt):
 		action = "expire"
-		_, err = m.terminate(ctx, rec, "expired: the session's time to live ran out")
+		var ended *store.Session
+		if ended, err = m.terminate(ctx, rec, "expired: the session's time to live ran out"); err == nil {
+			m.emit(ctx, api.EventSessionExpired, ended, api.EventData{Reason: "ttl"})
+		}
 	case rec.Status == api.StatusHibernated:
 		// Due only for its TTL; activity moved that on. Reschedule.
 		err = m.save(ctx, rec)

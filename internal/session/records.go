@@ -155,6 +155,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if err := m.opt.Store.CreateSession(ctx, rec); err != nil {
 		return nil, false, err
 	}
+	m.emit(ctx, api.EventSessionCreated, rec, api.EventData{Metadata: meta})
 	s := &Session{Session: *rec, Config: *cfg, SandboxState: api.SandboxNone}
 	if cfg.WarmUp {
 		started, err := m.kick(m.entry(k), s)
@@ -162,9 +163,14 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			// No sandbox to be had now: the session is created
 			// anyway, lazy, and its first execution says why.
 			m.log.Warn("warm-up refused; the session starts lazily", "session", s.ID, "err", err)
+			why := "warm-up refused; the session starts lazily"
+			if err != nil {
+				why += ": " + err.Error()
+			}
 			if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
 				return nil, false, err
 			}
+			m.emit(ctx, api.EventSessionError, rec, api.EventData{Error: why})
 			s, err := m.decode(rec)
 			return s, true, err
 		}
@@ -210,6 +216,7 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 	if rec, err = m.terminate(ctx, rec, ""); err != nil {
 		return nil, err
 	}
+	m.emit(ctx, api.EventSessionTerminated, rec, api.EventData{Reason: "request"})
 	return m.decode(rec)
 }
 

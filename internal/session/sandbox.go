@@ -93,7 +93,9 @@ func (m *Manager) forget(k key, id string) {
 	}
 	if err := m.save(ctx, rec); err != nil {
 		m.log.Error("recording a lost sandbox", "session", k.id, "err", err)
+		return
 	}
+	m.emit(ctx, api.EventSessionSandboxLost, rec, api.EventData{SandboxID: id})
 }
 
 // Acquire returns the executor of the session's sandbox, once it is ready:
@@ -164,11 +166,27 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 // up or on its way; it reports whether it started one. Past MaxSandboxes it
 // is ErrUnavailable. The caller holds the session's lock.
 func (m *Manager) kick(e *entry, s *Session) (bool, error) {
+	sb, started, err := m.admitStart(e, s)
+	switch {
+	case sb != nil:
+		rec := s.Session
+		rec.Status, rec.SandboxID = api.StatusRunning, sb.ID
+		m.emit(m.ctx, api.EventSessionRunning, &rec, api.EventData{Pool: true})
+	case started:
+		m.emit(m.ctx, api.EventSessionStarting, &s.Session, api.EventData{})
+	}
+	return started, err
+}
+
+// admitStart does kick's work: it returns the sandbox claimed from a warm
+// pool (recorded already), or whether it started one in the background.
+// The caller holds the session's lock.
+func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, error) {
 	e.mu.Lock()
 	busy := e.sbState != sandboxNone
 	e.unlock()
 	if busy {
-		return false, nil
+		return nil, false, nil
 	}
 	// The checks hold until the start is on the entry, where the next
 	// check counts it.
@@ -176,15 +194,15 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 	defer m.admit.Unlock()
 	if max := m.opt.MaxSandboxes; max > 0 {
 		if n := m.sandboxes(); n >= max {
-			return false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
+			return nil, false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
 		}
 	}
 	if err := m.admitSandbox(s); err != nil {
-		return false, fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
+		return nil, false, fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
 	}
 	e.setRes(s.Config.Resources.Memory, s.Config.Resources.CPU)
 	if sb := m.fromPool(e, s); sb != nil {
-		return true, nil
+		return sb, true, nil
 	}
 	e.mu.Lock()
 	defer e.unlock()
@@ -192,7 +210,7 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 	st := &startOp{done: make(chan struct{}), cancel: cancel}
 	if err := e.moveSandbox(sandboxStarting, nil, st); err != nil {
 		cancel()
-		return false, err
+		return nil, false, err
 	}
 	m.wg.Add(1)
 	go func() {
@@ -200,7 +218,7 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 		defer cancel()
 		m.start(ctx, e, s, st)
 	}()
-	return true, nil
+	return nil, true, nil
 }
 
 // start does the start kick asked for, under the session's lock (which
@@ -332,11 +350,20 @@ func (m *Manager) recordStart(k key, status, msg string, sb *sandbox.Sandbox) {
 	if err != nil || rec.Status == api.StatusTerminated {
 		return
 	}
+	was, wasSandbox := rec.Status, rec.SandboxID
 	if sb != nil && status == api.StatusRunning {
 		rec.SandboxID = sb.ID
 	}
 	if _, err := m.move(ctx, rec, status, msg); err != nil {
 		m.log.Error("recording sandbox start", "session", k.id, "err", err)
+		return
+	}
+	switch {
+	case status == api.StatusError:
+		m.emit(ctx, api.EventSessionError, rec, api.EventData{Error: msg})
+	case was != rec.Status || wasSandbox != rec.SandboxID:
+		// Not when it adopted what another replica started and recorded.
+		m.emit(ctx, api.EventSessionRunning, rec, api.EventData{})
 	}
 }
 
@@ -374,6 +401,9 @@ func (m *Manager) clearLost(ctx context.Context, rec *store.Session) error {
 			rec.Status = api.StatusRunning
 		}
 		err := m.write(ctx, rec)
+		if err == nil {
+			m.emit(ctx, api.EventSessionSandboxLost, rec, api.EventData{SandboxID: gone})
+		}
 		if !errors.Is(err, errdefs.ErrConflict) || try == 100 {
 			return err
 		}

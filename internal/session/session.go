@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
@@ -78,6 +79,12 @@ type Options struct {
 	// destroy (sandboxes), pause, resume, hibernate, restore, expire, and
 	// lost (a sandbox that died under its session).
 	Events func(event string)
+	// Publish, if set, is told of every change of a session:
+	// api.EventSession* with the session's record as written. It is
+	// called under the session's lock and may wait a little (until the
+	// event is recorded, events.Log.Record), so that changes made by the
+	// next holder of the lock, in any replica, come after it.
+	Publish func(ctx context.Context, e events.Event)
 	// Reaped, if set, hears how long each reaper pass took and how many
 	// sessions it acted on.
 	Reaped func(took time.Duration, acted int)

@@ -34,9 +34,12 @@ from .errors import (
     Unavailable,
     Unprocessable,
     UnsupportedMediaType,
+    WebhookVerificationError,
 )
 from .models import (
     ChatEvent,
+    Event,
+    EventList,
     ExecError,
     Execution,
     ExecutionList,
@@ -60,14 +63,19 @@ from .models import (
     Tool,
     ToolResult,
     UploadedFile,
+    Webhook,
+    WebhookDelivery,
+    WebhookDeliveryList,
 )
 from ._agents import agent_session_id
+from ._events import verify_webhook
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Client",
     "agent_session_id",
+    "verify_webhook",
     # errors
     "SbxError",
     "InvalidArgument",
@@ -85,6 +93,7 @@ __all__ = [
     "ResultNotReceived",
     "SessionCreateFailed",
     "SessionNotReady",
+    "WebhookVerificationError",
     # results
     "Health",
     "Resources",
@@ -110,4 +119,9 @@ __all__ = [
     "Tool",
     "ToolResult",
     "ChatEvent",
+    "Event",
+    "EventList",
+    "Webhook",
+    "WebhookDelivery",
+    "WebhookDeliveryList",
 ]

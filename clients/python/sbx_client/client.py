@@ -1,6 +1,6 @@
 """The sbx client: one class, :class:`Client`, whose calls are grouped by
 area in the mixins it is made of (sessions, executions, files, resources,
-agents and tools, templates). A new call goes into the mixin of its area, or a new mixin added to
+agents and tools, templates, events and webhooks). A new call goes into the mixin of its area, or a new mixin added to
 Client's bases; each uses ``self._t`` (the :class:`Transport`) and returns
 dataclasses of :mod:`sbx_client.models`."""
 
@@ -11,6 +11,7 @@ from typing import Optional
 
 from . import errors, models
 from ._agents import AgentsMixin
+from ._events import EventsMixin
 from ._executions import ExecutionsMixin
 from ._files import FilesMixin
 from ._resources import ResourcesMixin
@@ -19,7 +20,7 @@ from ._templates import TemplatesMixin
 from ._transport import Transport
 
 
-class Client(SessionsMixin, ExecutionsMixin, FilesMixin, ResourcesMixin, AgentsMixin, TemplatesMixin):
+class Client(SessionsMixin, ExecutionsMixin, FilesMixin, ResourcesMixin, AgentsMixin, TemplatesMixin, EventsMixin):
     """A client of one sbx server; safe for concurrent use by threads.
 
     ::

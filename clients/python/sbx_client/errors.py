@@ -34,6 +34,8 @@ server:
 * :class:`SessionCreateFailed` and :class:`SessionNotReady`:
   :meth:`Client.ensure_session` could not create the session, or it did not
   become usable in time.
+* :class:`WebhookVerificationError`: :func:`verify_webhook` refused a
+  delivery.
 """
 
 from __future__ import annotations
@@ -163,6 +165,13 @@ class ResultNotReceived(SbxError):
     over; ``execution_id`` names it (None if the server never said it)."""
 
     default_code = "result_not_received"
+
+
+class WebhookVerificationError(SbxError):
+    """:func:`verify_webhook` did not take a delivery: no or a wrong
+    signature, or a timestamp too old (a replay)."""
+
+    default_code = "webhook_not_verified"
 
 
 class SessionCreateFailed(SbxError):

@@ -473,3 +473,71 @@ class Template:
     build: Optional[TemplateBuild] = _nested(TemplateBuild)
     versions: List[TemplateVersion] = _nested_list(TemplateVersion)
     raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class Event:
+    """A lifecycle event (R-87): ``id`` numbers the tenant's events 1, 2,
+    3... in the order they were recorded; ``type`` is session.created,
+    session.paused, execution.finished, ... (api/openapi.yaml, EventType);
+    ``data`` is what it says besides its type
+    (``status``, ``template_id``, ``sandbox_id``, ``reason``,
+    ``execution_id``, ``duration_ms``, ``exit_code``, ...), as a dict."""
+
+    id: int = 0
+    type: str = ""
+    session_id: str = ""
+    created_at: Optional[datetime] = _time()
+    data: Dict[str, Any] = field(default_factory=dict)
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class EventList:
+    """A page of events, oldest first; pass ``next_after`` as ``after`` for
+    the next page."""
+
+    events: List[Event] = _nested_list(Event)
+    next_after: int = 0
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class Webhook:
+    """A registered webhook; ``secret`` only in the answer to its
+    creation."""
+
+    webhook_id: str = ""
+    url: str = ""
+    events: List[str] = field(default_factory=list)
+    created_at: Optional[datetime] = _time()
+    secret: str = ""
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class WebhookDelivery:
+    """One attempt to deliver an event to a webhook: ``ok`` for a 2xx,
+    ``final`` on the event's last attempt (delivered or given up)."""
+
+    delivery_id: str = ""
+    event_id: int = 0
+    event_type: str = ""
+    attempt: int = 0
+    at: Optional[datetime] = _time()
+    ok: bool = False
+    status_code: int = 0
+    error: str = ""
+    duration_ms: int = 0
+    final: bool = False
+    raw: Dict[str, Any] = _raw()
+
+
+@dataclass
+class WebhookDeliveryList:
+    """A webhook's latest attempts, newest first; ``after`` is the last
+    event it is done with."""
+
+    deliveries: List[WebhookDelivery] = _nested_list(WebhookDelivery)
+    after: int = 0
+    raw: Dict[str, Any] = _raw()

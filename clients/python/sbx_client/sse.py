@@ -5,10 +5,11 @@ Lines end in LF, CRLF or CR (a CR at the end of one read may be followed by
 the LF of the next); a line starting with ":" is a comment (the server's
 keep-alives); "field: value" drops one space after the colon; the data lines
 of one event are joined with LF; an empty line ends an event; an event
-without data is none; a byte order mark may start the stream; ``id`` and
-``retry`` (for reconnecting, which a finished execution does not need) and
-unknown fields are ignored; the unfinished event at the end of the stream is
-dropped.
+without data is none; a byte order mark may start the stream; ``id`` sets
+the stream's last event id (also from a block without data, which is no
+event), which each event carries and :attr:`SSEParser.last_id` keeps, for
+reconnecting; ``retry`` and unknown fields are ignored; the unfinished event
+at the end of the stream is dropped.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Event:
 
     name: str
     data: str
+    id: str = ""
 
 
 class SSEParser:
@@ -49,6 +51,7 @@ class SSEParser:
         self._name = ""
         self._data: List[str] = []
         self._has_data = False
+        self.last_id = ""
 
     def feed(self, chunk: bytes) -> List[Event]:
         """Adds bytes of the stream; returns the events they complete."""
@@ -103,7 +106,7 @@ class SSEParser:
             if not self._has_data:
                 self._name = ""
                 return None
-            ev = Event(self._name or "message", "\n".join(self._data))
+            ev = Event(self._name or "message", "\n".join(self._data), self.last_id)
             self._name, self._data, self._has_data = "", [], False
             return ev
         if line[0] == ":":
@@ -116,4 +119,6 @@ class SSEParser:
         elif fld == "data":
             self._data.append(value)
             self._has_data = True
+        elif fld == "id" and "\0" not in value:
+            self.last_id = value
         return None

@@ -94,6 +94,13 @@ def delete_quietly(c, session_id):
         pass
 
 
+def delete_quietly_webhook(c, webhook_id):
+    try:
+        c.delete_webhook(webhook_id)
+    except sbx_client.NotFound:
+        pass
+
+
 # Code an agent would write to read pages of the PDF (python-datascience has
 # no PDF library, and these PDFs are plain): the page tree in order, each
 # page's text operators.
@@ -512,6 +519,38 @@ class SessionsTest(unittest.TestCase):
             self.assertEqual(c.get_session(sid).status, "terminated")
         except sbx_client.NotFound:
             pass
+
+    def test_events_and_webhooks(self):
+        c = client()
+        self.addCleanup(c.close)
+        sid = f"py-ev-{uid()}"
+        c.create_session(sid, template_id="python")
+        self.addCleanup(delete_quietly, c, sid)
+        c.pause_session(sid)
+        c.delete_session(sid)
+        want = ["session.created", "session.paused", "session.terminated"]
+        self.assertEqual([e.type for e in c.session_events(sid).events], want)
+        page = c.list_events(session_id=sid, types=["session.paused"])
+        self.assertEqual([(e.type, e.data["status"], e.data["reason"]) for e in page.events], [("session.paused", "paused", "request")])
+        got = []
+        for ev in c.events(session_id=sid):
+            got.append(ev)
+            if len(got) == len(want):
+                break
+        self.assertEqual([e.type for e in got], want)
+        self.assertEqual(sorted({e.session_id for e in got}), [sid])
+
+        h = c.create_webhook("https://hooks.example.com/sbx", events=["session.*"])
+        self.addCleanup(delete_quietly_webhook, c, h.webhook_id)
+        self.assertTrue(h.secret)
+        self.assertIn(h.webhook_id, [w.webhook_id for w in c.list_webhooks()])
+        self.assertEqual((c.get_webhook(h.webhook_id).events, c.get_webhook(h.webhook_id).secret), (["session.*"], ""))
+        self.assertIsInstance(c.webhook_deliveries(h.webhook_id).deliveries, list)
+        c.delete_webhook(h.webhook_id)
+        with self.assertRaises(sbx_client.NotFound):
+            c.get_webhook(h.webhook_id)
+        with self.assertRaises(sbx_client.InvalidArgument):
+            c.create_webhook("http://127.0.0.1:7070/api/v1/sessions")  # the server's own port
 
     def test_health(self):
         with client() as c:
