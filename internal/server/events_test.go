@@ -16,6 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/internal/app"
+	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/webhook"
 )
 
@@ -142,7 +143,7 @@ func TestSessionEvents(t *testing.T) {
 	}
 
 	// Resumed from the middle: Last-Event-ID wins over ?after=.
-	resp, body := streamOnce(t, ts, "/api/v1/events?after=1", "Last-Event-ID", "5")
+	resp, body := streamUntil(t, ts, "/api/v1/events?after=1", "id: 8\n", "Last-Event-ID", "5")
 	if resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
@@ -150,7 +151,7 @@ func TestSessionEvents(t *testing.T) {
 		t.Errorf("resumed after 5: ids %v\n%s", ids, body)
 	}
 	// Filtered: skipped events move the id on.
-	_, body = streamOnce(t, ts, "/api/v1/sessions/"+sid+"/events?types=session.paused,session.snapshot")
+	_, body = streamUntil(t, ts, "/api/v1/sessions/"+sid+"/events?types=session.paused,session.snapshot", "id: 8\n")
 	if !strings.Contains(body, "event: session.paused") || !strings.Contains(body, "event: session.snapshot\n") ||
 		strings.Contains(body, "session.created") || !strings.Contains(body, "id: 8\n") {
 		t.Errorf("filtered stream:\n%s", body)
@@ -169,10 +170,11 @@ func TestSessionEvents(t *testing.T) {
 	}
 }
 
-// streamOnce reads an event stream for a moment and returns what came.
-func streamOnce(t *testing.T, ts *testServer, path string, hdr ...string) (*http.Response, string) {
+// streamUntil reads an event stream until what came has the line last
+// (or a generous deadline passes), and returns what came.
+func streamUntil(t *testing.T, ts *testServer, path, last string, hdr ...string) (*http.Response, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+path, nil)
 	req.Header.Set("Accept", "text/event-stream")
@@ -184,8 +186,16 @@ func streamOnce(t *testing.T, ts *testServer, path string, hdr ...string) (*http
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body) // until the context ends
-	return resp, string(b)
+	var body strings.Builder
+	buf := make([]byte, 4096)
+	for !strings.Contains(body.String(), last) {
+		n, err := resp.Body.Read(buf)
+		body.Write(buf[:n])
+		if err != nil {
+			break // the end, or the deadline: the caller's checks say what is missing
+		}
+	}
+	return resp, body.String()
 }
 
 func sseIDs(body string) []string {
@@ -524,5 +534,44 @@ func TestReaperEvents(t *testing.T) {
 	}
 	if evs[1].Data.Reason != "idle" || evs[2].Data.Reason != "ttl" || evs[2].Data.Status != api.StatusTerminated {
 		t.Errorf("hibernated %+v, expired %+v", evs[1].Data, evs[2].Data)
+	}
+}
+
+// A tenant may hold MaxEventStreams streams open; the next is 429, and
+// another tenant's streams are not counted against it.
+func TestEventStreamCap(t *testing.T) {
+	ts := startConfigured(t, withEvents, "key-alpha-123:alpha", "key-beta-4567:beta")
+	open := func(key string) (*http.Response, context.CancelFunc) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, "GET", ts.URL+"/api/v1/events", nil)
+		req.Header.Set("Accept", "text/event-stream")
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, cancel
+	}
+	for range server.MaxEventStreams {
+		resp, cancel := open("key-alpha-123")
+		defer cancel()
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream: %d", resp.StatusCode)
+		}
+	}
+	resp, cancel := open("key-alpha-123")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	cancel()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("one stream past the cap: %d %s", resp.StatusCode, b)
+	}
+	resp, cancel = open("key-beta-4567")
+	resp.Body.Close()
+	cancel()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("another tenant's stream: %d", resp.StatusCode)
 	}
 }

@@ -86,6 +86,10 @@ type Server struct {
 	// would go on for ever end then.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
+
+	// streams counts each tenant's open event streams (MaxEventStreams).
+	streamsMu sync.Mutex
+	streams   map[string]int
 }
 
 // New returns the server; Handler is what to serve.
@@ -100,7 +104,7 @@ func New(opt Options) *Server {
 	if opt.EventPoll <= 0 {
 		opt.EventPoll = DefaultEventPoll
 	}
-	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{})}
+	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[string]int{}}
 	s.routes()
 	s.e2b = s.newE2B()
 	return s
