@@ -386,10 +386,11 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	if err != nil {
 		return nil, err
 	}
-	m.emit(ctx, api.EventSessionHibernated, rec, api.EventData{Reason: reasonOf(idle)})
 	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
 	}
+	// Told once the workspace is off the host, not before.
+	m.emit(ctx, api.EventSessionHibernated, rec, api.EventData{Reason: reasonOf(idle)})
 	m.opt.Events("hibernate")
 	return rec, nil
 }
