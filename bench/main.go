@@ -46,7 +46,7 @@ var (
 	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
 	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
 	skipHTTP  = flag.Bool("skip-http", false, "skip the control-plane (HTTP) measures")
-	only      = flag.String("only", "", "run only this measure: records, resources, mcp or manyfiles (no sandbox); scale (PostgreSQL and MinIO against SQLite and local files: all of scale-http, scale-records, scale-blob, scale-reaper; scale.go)")
+	only      = flag.String("only", "", "run only this measure: records, resources, mcp or manyfiles (no sandbox); trace (spans on and off, against -trace-baseline; trace.go); scale (PostgreSQL and MinIO against SQLite and local files: all of scale-http, scale-records, scale-blob, scale-reaper; scale.go)")
 	stateRoot = "/run/sbx-bench"
 )
 
@@ -68,10 +68,12 @@ func main() {
 			benchMCP(ctx, add)
 		case "manyfiles":
 			benchManyFiles(ctx, add)
+		case "trace":
+			benchTrace(ctx, add)
 		case "scale", "scale-http", "scale-records", "scale-blob", "scale-reaper":
 			benchScale(ctx, *only, add)
 		default:
-			log.Fatalf("bench: -only %q: want records, resources, mcp, manyfiles, scale, scale-http, scale-records, scale-blob or scale-reaper", *only)
+			log.Fatalf("bench: -only %q: want records, resources, mcp, manyfiles, trace, scale, scale-http, scale-records, scale-blob or scale-reaper", *only)
 		}
 		printTable(rows)
 		return

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/chat"
@@ -20,6 +21,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/telemetry"
 	sbxusage "github.com/sbx-sandbox/sbx/internal/usage"
 )
 
@@ -159,6 +161,21 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		u, _ := url.Parse(llm.BaseURL)
 		log.Info("chat loop", "llm_base_url", u.Redacted(), "llm_model", llm.Model, "llm_api_key", llm.APIKey != "", "llm_max_steps", llm.MaxSteps)
 	}
+	// Traces (issue 15) are on when OTEL_EXPORTER_OTLP_ENDPOINT says
+	// where to send them; flushed after the app has closed, whose
+	// shutdown ends the executions' spans.
+	stopTraces, err := telemetry.Setup(ctx, "sbx", version, log)
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := stopTraces(ctx); err != nil {
+			log.Warn("traces: the last spans were not sent", "err", err)
+		}
+	}()
 	var templates []string
 	for _, t := range strings.Split(*prebuild, ",") {
 		if t = strings.TrimSpace(t); t != "" {

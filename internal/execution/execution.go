@@ -22,6 +22,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/events"
@@ -202,6 +206,7 @@ type Run struct {
 	started time.Time
 	cancel  context.CancelCauseFunc
 	done    chan struct{}
+	span    trace.Span // from submit to the recorded end (trace.go)
 
 	mu      sync.Mutex
 	status  string
@@ -256,7 +261,14 @@ func (r *Run) notifyLocked() {
 
 // Submit validates req, records the execution and starts it. The session
 // must exist (ErrNotFound) and not be terminated.
-func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.ExecuteRequest) (*Run, error) {
+func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.ExecuteRequest) (_ *Run, err error) {
+	ctx, span := startSpan(ctx, tenant, sessionID)
+	defer func() {
+		if err != nil {
+			span.SetStatus(codes.Error, err.Error())
+			span.End()
+		}
+	}()
 	rreq, err := toRunRequest(req)
 	if err != nil {
 		return nil, err
@@ -280,6 +292,9 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 	}
 	id := newExecID()
 	rreq.ID = id
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("sbx.execution.id", id), attribute.String("sbx.execution.language", rreq.Language))
+	}
 	stored, _ := json.Marshal(storedRequest{
 		Code: req.Code, Language: rreq.Language, TimeoutMs: rreq.TimeoutMs, Event: req.Event, EnvNames: names(req.EnvVars),
 	})
@@ -290,7 +305,7 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 			Language: rreq.Language, ConversationID: rreq.ConversationID, ContextID: rreq.ContextID,
 			Request: stored, CreatedAt: now, Owner: s.opt.Owner,
 		},
-		req: *rreq, status: api.ExecPending, done: make(chan struct{}), changed: make(chan struct{}),
+		req: *rreq, status: api.ExecPending, done: make(chan struct{}), changed: make(chan struct{}), span: span,
 	}
 	if err := s.opt.Store.CreateExecution(ctx, &r.rec); err != nil {
 		return nil, err
@@ -301,7 +316,7 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 	s.live[id] = r
 	s.mu.Unlock()
 	s.wg.Add(1)
-	go s.run(runCtx, r)
+	go s.run(trace.ContextWithSpan(runCtx, span), r)
 	return r, nil
 }
 
@@ -539,6 +554,7 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 	s.mu.Lock()
 	delete(s.live, r.rec.ID)
 	s.mu.Unlock()
+	endSpan(r.span, x)
 	close(r.done)
 	// The session keeps its tenant's share of history: as each
 	// execution ends, the oldest finished ones beyond it go. (Pending and

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
@@ -122,7 +124,9 @@ func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Res
 	return resp, nil
 }
 
-func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+func (c *Client) call(ctx context.Context, method, path string, in, out any) (err error) {
+	ctx, span := startSpan(ctx, method, path)
+	defer func() { endSpan(span, nil, err) }()
 	resp, err := c.do(ctx, method, path, in)
 	if err != nil {
 		return err
@@ -179,7 +183,12 @@ func (c *Client) WaitReady(ctx context.Context) error {
 // Run executes req and returns its result. onOutput, if not nil, receives
 // the output as it happens, in order, with each piece whole UTF-8 text.
 // Cancelling ctx disconnects, which kills the execution.
-func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, data string)) (*Result, error) {
+func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, data string)) (res *Result, err error) {
+	ctx, span := startSpan(ctx, http.MethodPost, "/run")
+	defer func() { endSpan(span, res, err) }()
+	if span.IsRecording() {
+		span.SetAttributes(attribute.String("sbx.execution.id", req.ID))
+	}
 	resp, err := c.do(ctx, http.MethodPost, "/run", req)
 	if err != nil {
 		return nil, err

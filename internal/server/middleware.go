@@ -73,7 +73,8 @@ func (w *recorder) Flush() {
 func (w *recorder) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // observe gives every request an id (the client's X-Request-Id if it is
-// sane), logs it as one JSON line when it ends, and counts it.
+// sane) and a span (trace.go), logs it as one JSON line when it ends (with
+// its trace id when it is traced), and counts it.
 func (s *Server) observe(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
@@ -86,7 +87,8 @@ func (s *Server) observe(h http.Handler) http.Handler {
 		ri := &reqInfo{id: id}
 		w.Header().Set("X-Request-Id", id)
 		rec := &recorder{ResponseWriter: w}
-		r = r.WithContext(context.WithValue(r.Context(), reqInfoKey{}, ri))
+		ctx, span := startSpan(context.WithValue(r.Context(), reqInfoKey{}, ri), r)
+		r = r.WithContext(ctx)
 		h.ServeHTTP(rec, r) // the mux sets r.Pattern
 		if rec.status == 0 {
 			rec.status = http.StatusOK
@@ -96,18 +98,24 @@ func (s *Server) observe(h http.Handler) http.Handler {
 			route = "unmatched"
 		}
 		s.opt.Metrics.requests.WithLabelValues(r.Method, route, strconv.Itoa(rec.status)).Inc()
+		endSpan(span, ri, r.Method, rec.status, rec.bytes)
 		level := slog.LevelInfo
 		switch {
 		case rec.status >= 500:
 			level = slog.LevelError
-		case r.URL.Path == "/healthz" || r.URL.Path == "/readyz" || r.URL.Path == "/metrics":
+		case quiet(r.URL.Path):
 			level = slog.LevelDebug
 		}
-		s.log.LogAttrs(r.Context(), level, "request",
+		attrs := []slog.Attr{
 			slog.String("request_id", id), slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("route", route), slog.Int("status", rec.status), slog.Int64("bytes", rec.bytes),
 			slog.Float64("duration_ms", since(start)), slog.String("tenant", ri.tenant),
-			slog.String("remote", r.RemoteAddr))
+			slog.String("remote", r.RemoteAddr),
+		}
+		if sc := span.SpanContext(); sc.IsValid() {
+			attrs = append(attrs, slog.String("trace_id", sc.TraceID().String()))
+		}
+		s.log.LogAttrs(r.Context(), level, "request", attrs...)
 	})
 }
 

@@ -207,7 +207,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 		return nil, err
 	}
 	if rec.Status == api.StatusHibernated {
-		if rec, err = m.restoreHibernated(ctx, rec); err != nil {
+		if rec, err = m.restore(ctx, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -239,6 +239,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 				e.unlock()
 				return nil, err
 			}
+			noteAcquire(ctx, acquireResume)
 		}
 	}
 	e.unlock()
@@ -258,6 +259,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 		if err != nil {
 			return nil, err
 		}
+		noteStarted(ctx, e, started)
 		if started {
 			// A sandbox from a warm pool is in the record already (kick
 			// wrote it): move on from that record, not from rec, which

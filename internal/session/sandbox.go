@@ -102,8 +102,10 @@ func (m *Manager) forget(k key, id string) {
 // it thaws a paused sandbox, restores a hibernated workspace, starts a
 // sandbox when there is none and waits for a start in flight.
 // A sandbox that cannot be had is ErrUnavailable. The caller releases the
-// lease.
-func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error) {
+// lease. A traced caller gets a span of it (trace.go).
+func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease, err error) {
+	ctx, traced := traceAcquire(ctx, id)
+	defer func() { traced(lease, err) }()
 	k := key{tenant, id}
 	for {
 		e := m.entry(k)
@@ -151,6 +153,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (*Lease, error
 			}
 			continue
 		}
+		noteAcquire(ctx, acquireColdStart)
 		select {
 		case <-st.done:
 			if st.err != nil {
