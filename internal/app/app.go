@@ -295,6 +295,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	reg := registry.New(registry.Config{
 		Templates: templates, Store: st, Replica: replica, Alive: registryAlive,
 		Builds: cfg.TemplateBuilds, LogDir: filepath.Join(cfg.DataDir, "template-logs"), Log: log,
+		MaxResources: session.CapResources(cfg.MaxResources),
 	})
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Resolve: reg.Resolve, Runtime: newRuntime,

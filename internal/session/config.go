@@ -156,7 +156,7 @@ func validate(req *api.CreateSessionRequest, d Defaults, caps api.Resources) (*C
 		c.HibernateTimeout = req.HibernateTimeout
 	}
 	if r := req.Resources; r != nil {
-		caps = capResources(caps)
+		caps = CapResources(caps)
 		if math.IsNaN(r.CPU) || r.CPU < 0 || r.CPU > caps.CPU || (r.CPU > 0 && r.CPU < 0.01) {
 			return nil, invalid("resources.cpu %v: want 0.01..%v cores (this server's limit for one session)", r.CPU, caps.CPU)
 		}
@@ -264,9 +264,9 @@ func (c *Config) AllowsFile(name, mediaType string) bool {
 	return false
 }
 
-// capResources is what one session may ask for: caps, whose zero fields
+// CapResources is what one session may ask for: caps, whose zero fields
 // (and fields past them) are the built-in maxima.
-func capResources(caps api.Resources) api.Resources {
+func CapResources(caps api.Resources) api.Resources {
 	if caps.CPU <= 0 || caps.CPU > maxCPU {
 		caps.CPU = maxCPU
 	}

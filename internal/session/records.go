@@ -118,6 +118,13 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if cfg.Resources.Disk == 0 {
 		cfg.Resources.Disk = spec.Resources.WithDefaults().DiskMB
 	}
+	// A tenant's own template's defaults are held to the caps of what a
+	// session asks for, as they were when it was posted: it must not be a
+	// way around them after the caps were lowered either.
+	if caps, r := CapResources(m.opt.MaxResources), cfg.Resources; spec.Owner != "" && (r.CPU > caps.CPU || r.Memory > caps.Memory || r.Disk > caps.Disk) {
+		return nil, false, invalid("template %s: its default resources (cpu %v, memory %d MiB, disk %d MiB) are past this server's limits for one session (cpu %v, memory %d MiB, disk %d MiB): ask for less in resources",
+			req.TemplateID, r.CPU, r.Memory, r.Disk, caps.CPU, caps.Memory, caps.Disk)
+	}
 	raw, _ := json.Marshal(cfg)
 	now := time.Now().UTC().Truncate(time.Microsecond) // what the store keeps
 	meta := req.Metadata

@@ -64,6 +64,10 @@ type Config struct {
 	Builds int
 	// MaxTemplates bounds a tenant's templates. Default 50.
 	MaxTemplates int
+	// MaxResources caps the default resources of a tenant's template: what
+	// one session may ask for (session.CapResources). Zero fields: no cap
+	// but the built-in ones of MaxPIDs and MaxTmpMB.
+	MaxResources api.Resources
 	// MaxBuildBytes bounds one build's root filesystem (default
 	// DefaultMaxBuildBytes), MaxTenantBytes a tenant's builds together
 	// (default DefaultMaxTenantBytes); see disk.go.
@@ -375,6 +379,9 @@ func (r *Registry) Submit(ctx context.Context, tenant string, spec template.Spec
 	if _, ok := template.Builtin(spec.Name); ok {
 		return api.Template{}, false, fmt.Errorf("template %q is a built-in: choose another name: %w", spec.Name, errdefs.ErrAlreadyExists)
 	}
+	if err := r.checkResources(spec); err != nil {
+		return api.Template{}, false, err
+	}
 	if _, err := r.cfg.Templates.Named(spec.Name); err == nil {
 		return api.Template{}, false, fmt.Errorf("template %q is the server's: choose another name: %w", spec.Name, errdefs.ErrAlreadyExists)
 	}
@@ -575,4 +582,34 @@ func timePtr(t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// Limits on a tenant's template's default resources that no server
+// setting lifts: processes and /tmp bound what a sandbox can take of the
+// host beyond its memory and CPU (a fork bomb's reach, kernel memory).
+const (
+	MaxPIDs  = 4096
+	MaxTmpMB = 4096
+)
+
+// checkResources refuses a tenant's spec whose defaults a session could
+// not ask for: operator templates are trusted, tenants' are not.
+func (r *Registry) checkResources(spec template.Spec) error {
+	res, caps := spec.Resources, r.cfg.MaxResources
+	bad := func(what string, got, max any) error {
+		return fmt.Errorf("template %q: resources.%s %v is more than a template may have (%v): %w", spec.Name, what, got, max, errdefs.ErrInvalidArgument)
+	}
+	switch {
+	case res.PIDs > MaxPIDs:
+		return bad("pids", res.PIDs, MaxPIDs)
+	case res.TmpMB > MaxTmpMB:
+		return bad("tmp_mb", res.TmpMB, MaxTmpMB)
+	case caps.CPU > 0 && res.CPU > caps.CPU:
+		return bad("cpu", res.CPU, caps.CPU)
+	case caps.Memory > 0 && res.MemoryMB > caps.Memory:
+		return bad("memory_mb", res.MemoryMB, caps.Memory)
+	case caps.Disk > 0 && res.DiskMB > caps.Disk:
+		return bad("disk_mb", res.DiskMB, caps.Disk)
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/store/sqlite"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -495,5 +496,30 @@ func TestCloseCancels(t *testing.T) {
 	json.Unmarshal(d.Value, &rec)
 	if rec.Build.Status != api.TemplateCancelled || !strings.Contains(rec.Build.Error, "shutting down") {
 		t.Errorf("after Close: %+v", rec.Build)
+	}
+}
+
+// TestResourceCaps: a tenant's template may not default to more than a
+// session may ask for, nor to more processes or /tmp than any template.
+func TestResourceCaps(t *testing.T) {
+	h := newHarness(t, Config{MaxResources: api.Resources{CPU: 2, Memory: 2048, Disk: 4096}})
+	for name, res := range map[string]runtime.Resources{
+		"pids":   {PIDs: MaxPIDs + 1},
+		"tmp":    {TmpMB: MaxTmpMB + 1},
+		"cpu":    {CPU: 3},
+		"memory": {MemoryMB: 4096},
+		"disk":   {DiskMB: 8192},
+	} {
+		s := spec("caps", name)
+		s.Resources = res
+		if _, _, err := h.reg.Submit(ctx, "acme", s); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s over the cap: %v; want ErrInvalidArgument", name, err)
+		}
+	}
+	s := spec("caps", "ok")
+	s.Resources = runtime.Resources{CPU: 2, MemoryMB: 2048, DiskMB: 4096, PIDs: MaxPIDs, TmpMB: 128}
+	h.fakeBuild("acme", s)
+	if _, _, err := h.reg.Submit(ctx, "acme", s); err != nil {
+		t.Errorf("at the caps: %v", err)
 	}
 }
