@@ -319,7 +319,7 @@ func TestConsoleChromium(t *testing.T) {
 	// Sign in: a wrong key is refused, the right one kept in
 	// sessionStorage only.
 	tb.run("open the console", chromedp.Navigate(ui))
-	tb.wait("the sign-in form", `document.querySelector('#signin-key')`)
+	tb.wait("the sign-in form, and no navigation", `document.querySelector('#signin-key') && !document.querySelector('#nav').checkVisibility()`)
 	tb.run("a wrong key", chromedp.SetValue(chromedp.CSS("#signin-key"), "not-a-key-at-all"), chromedp.Click(chromedp.CSS("#signin button[type=submit]")))
 	tb.wait("the refusal", `document.querySelector('#signin-status').textContent.includes('refused')`)
 	signIn(tb, alphaKey)
@@ -418,7 +418,7 @@ func TestConsoleChromium(t *testing.T) {
 	// Pages that need no sandbox: templates, pools.
 	tb.run("templates", chromedp.Navigate(ui+"#/templates"))
 	tb.wait("the python template", `document.querySelector('#templates-body tr[data-template="python"]')`)
-	tb.wait("the pools link (/metrics answers)", `!document.querySelector('#nav-pools').hidden`)
+	tb.wait("the pools link (/metrics answers)", `document.querySelector('#nav-pools').checkVisibility()`)
 	tb.run("pools", chromedp.Click(chromedp.CSS("#nav-pools")))
 	tb.wait("the pools page", `document.querySelector('#pools-body')?.textContent.includes('No warm pools')`)
 
@@ -459,7 +459,7 @@ func signIn(tb *tab, key string) {
 	tb.t.Helper()
 	tb.wait("the sign-in form", `document.querySelector('#signin-key')`)
 	tb.run("sign in", chromedp.SetValue(chromedp.CSS("#signin-key"), key), chromedp.Click(chromedp.CSS("#signin button[type=submit]")))
-	tb.wait("signed in", `!document.querySelector('#signin') && !document.querySelector('#nav').hidden`)
+	tb.wait("signed in", `!document.querySelector('#signin') && document.querySelector('#nav').checkVisibility()`)
 }
 
 // TestConsoleNoKeyChromium (R-88): without API keys the console finds
@@ -473,8 +473,8 @@ func TestConsoleNoKeyChromium(t *testing.T) {
 	defer tb.clean()
 	tb.run("open the console", chromedp.Navigate(rs.URL+"/ui"))
 	tb.wait("the sessions, without signing in", `document.querySelector('#sessions tr[data-session="no-key"]')`)
-	state := eval[[]any](tb, `[document.querySelector('#signout').hidden, document.querySelector('#who').textContent, location.pathname]`)
-	if fmt.Sprint(state) != "[true no-key mode (loopback) /ui/]" {
+	state := eval[[]any](tb, `[document.querySelector('#signout').checkVisibility(), document.querySelector('#who').textContent, location.pathname]`)
+	if fmt.Sprint(state) != "[false no-key mode (loopback) /ui/]" {
 		t.Errorf("sign-out hidden, who, path: %v", state)
 	}
 }
