@@ -298,7 +298,7 @@ const hostileFile = "<img src=x onerror=alert(2)>.txt"
 // against a real server with runc sandboxes and API keys: sign in, see a
 // session made through the API, watch an execution's output arrive while
 // it runs, upload and download a file, pause, hibernate and resume it,
-// take a snapshot, and delete the session; names and output that
+// take a snapshot, and delete the session; names, output and errors that
 // sandboxed code controls show as text, never as markup (no dialog, no
 // refusal of the policy, no uncaught error); and another tenant's key sees
 // none of it.
@@ -311,6 +311,10 @@ func TestConsoleChromium(t *testing.T) {
 	newSession(t, alpha, api.CreateSessionRequest{SessionID: "ui-alpha", TemplateID: "python", Metadata: map[string]string{"user_id": "alice"}})
 	newSession(t, beta, api.CreateSessionRequest{SessionID: "ui-beta", TemplateID: "python"})
 	execOK(t, alpha, "ui-alpha", api.ExecuteRequest{Code: fmt.Sprintf("open(%q, 'w').write('planted')", "/workspace/"+hostileFile)})
+	failed, err := alpha.Execute(ctx, "ui-alpha", api.ExecuteRequest{Code: "raise ValueError('<b>x</b>')"})
+	if err != nil || failed.Status != api.ExecFailed {
+		t.Fatalf("the failing execution: %+v %v", failed, err)
+	}
 
 	tb := startBrowser(t)
 	defer tb.clean()
@@ -366,7 +370,14 @@ func TestConsoleChromium(t *testing.T) {
 		t.Errorf("%d img elements in the output: markup from stdout", imgs)
 	}
 	tb.wait("the return value", `document.querySelector('#run-result .ret')?.textContent === '42'`)
-	tb.wait("the execution in the history", `document.querySelectorAll('#executions-body button[data-execution]').length === 2`)
+	tb.wait("the executions in the history", `document.querySelectorAll('#executions-body button[data-execution]').length === 3`)
+
+	// An error that sandboxed code raised, opened from the history: text.
+	tb.run("open the failed execution", chromedp.Click(chromedp.CSS(`#executions-body button[data-execution="`+failed.ExecutionID+`"]`)))
+	tb.wait("its error as text", `document.querySelector('#execution-detail pre.err')?.textContent.startsWith('ValueError: <b>x</b>')`)
+	if n := eval[int](tb, `document.querySelectorAll('#execution-detail b').length`); n != 0 {
+		t.Errorf("%d b elements in the execution's details: markup from an error", n)
+	}
 
 	// Upload through the page, then download through it: the same bytes.
 	content := make([]byte, 0, 300)
