@@ -332,6 +332,8 @@ func TestConsoleChromium(t *testing.T) {
 	if fmt.Sprint(stored) != fmt.Sprintf("[%s 0 ]", alphaKey) {
 		t.Errorf("sessionStorage key, localStorage entries, cookies: %v", stored)
 	}
+	tb.run("reload", chromedp.Reload())
+	tb.wait("still signed in after a reload (the tab keeps its key)", `document.querySelector('#sessions tr[data-session="ui-alpha"]') && !document.querySelector('#signin')`)
 	tb.run("open the session", chromedp.Click(chromedp.CSS(`#sessions tr[data-session="ui-alpha"] a`)))
 	tb.wait("the session's page", `document.querySelector('#session-title')?.textContent === 'ui-alpha' && document.querySelector('#session-status')`)
 

@@ -119,7 +119,9 @@ async function start() {
   try {
     if (auth.key && await probe(auth.key)) { enter(); return; }
     if (await probe('')) { auth.noKey = true; auth.key = ''; enter(); return; }
-    signInView(auth.key ? 'The server refused the stored key.' : '');
+    const stale = !!auth.key;
+    auth.key = '';
+    signInView(stale ? 'The server no longer takes the key this tab had; sign in again.' : '');
   } catch (e) {
     replace(main);
     showError(main, new Error(`The server cannot be reached: ${e.message}`));
