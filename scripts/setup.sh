@@ -40,6 +40,9 @@ if $testing; then
 	# systemd-analyze, for scripts/test-deb.sh to verify the package's unit
 	# (the test needs no running systemd).
 	pkgs+=(systemd)
+	# Chromium, headless, drives the web console in its browser tests
+	# (internal/server/console_integration_test.go).
+	pkgs+=(chromium)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -289,6 +289,7 @@ func TestNoKeyModeRefusesOtherSites(t *testing.T) {
 		{"localhost as a prefix", ts, "GET", "/api/v1/sessions", "localhost.evil.example", "", 421, "misdirected_request"},
 		{"operational endpoint too", ts, "GET", "/healthz", "evil.example", "", 421, "misdirected_request"},
 		{"E2B API too", ts, "GET", "/sandboxes", "evil.example", "", 421, "misdirected_request"},
+		{"the console too", ts, "GET", "/ui/", "evil.example", "", 421, "misdirected_request"},
 		{"localhost", ts, "GET", "/api/v1/sessions", fmt.Sprintf("localhost:%d", port), "", 200, ""},
 		{"LOCALHOST", ts, "GET", "/api/v1/sessions", "LOCALHOST", "", 200, ""},
 		{"a .localhost name", ts, "GET", "/api/v1/sessions", "app.localhost:1", "", 200, ""},

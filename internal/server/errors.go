@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"net/http"
 
@@ -36,6 +37,12 @@ func status(err error) (int, string) {
 // writeError answers with {"error":{"code","message"}}. Internal errors
 // are logged with the request id and shown without their details.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
+		// The client went away mid-request (left a page, say): no one
+		// reads an answer, and nothing failed that a log should show.
+		s.log.Debug("request cancelled by its client", "request_id", requestID(r.Context()), "path", r.URL.Path)
+		return
+	}
 	code, name := status(err)
 	msg := err.Error()
 	if code == http.StatusInternalServerError {

@@ -19,6 +19,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/chat"
+	"github.com/sbx-sandbox/sbx/internal/console"
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
@@ -170,6 +171,10 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
 	s.mux.Handle("GET /metrics", s.opt.Metrics.Handler())
+	// The web console: public static files; every call the page
+	// makes goes to the API above with the key the user gives it.
+	s.mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))
+	s.mux.Handle("GET "+console.Prefix, console.Handler())
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("no endpoint %s %s (see api/openapi.yaml): %w", r.Method, r.URL.Path, errdefs.ErrNotFound))
 	})
