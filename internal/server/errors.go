@@ -37,16 +37,18 @@ func status(err error) (int, string) {
 // writeError answers with {"error":{"code","message"}}. Internal errors
 // are logged with the request id and shown without their details.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
-	if r.Context().Err() != nil && errors.Is(err, context.Canceled) {
-		// The client went away mid-request (left a page, say): no one
-		// reads an answer, and nothing failed that a log should show.
-		s.log.Debug("request cancelled by its client", "request_id", requestID(r.Context()), "path", r.URL.Path)
-		return
-	}
 	code, name := status(err)
 	msg := err.Error()
-	if code == http.StatusInternalServerError {
+	// A client that went away mid-request (left a page, say) reads no
+	// answer, and nothing failed that the log should show as an error.
+	gone := r.Context().Err() != nil && errors.Is(err, context.Canceled)
+	switch {
+	case gone:
+		s.log.Debug("request cancelled by its client", "request_id", requestID(r.Context()), "path", r.URL.Path)
+	case code == http.StatusInternalServerError:
 		s.log.Error("internal error", "request_id", requestID(r.Context()), "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	if code == http.StatusInternalServerError {
 		msg = "internal error (request " + requestID(r.Context()) + "; the server log has the details)"
 	}
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {

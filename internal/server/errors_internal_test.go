@@ -11,7 +11,7 @@ import (
 )
 
 // A request its client gave up on is not an internal error: nothing is
-// logged at ERROR, and a request still waited for gets its 500.
+// logged at ERROR for it, but a request still waited for is.
 func TestCancelledRequestNotAnError(t *testing.T) {
 	var logs bytes.Buffer
 	s := &Server{log: slog.New(slog.NewTextHandler(&logs, nil)), opt: Options{Metrics: NewMetrics(nil, nil)}}
@@ -19,7 +19,7 @@ func TestCancelledRequestNotAnError(t *testing.T) {
 	cancel()
 	rec := httptest.NewRecorder()
 	s.writeError(rec, httptest.NewRequest("GET", "/api/v1/sessions/s/metrics", nil).WithContext(ctx), fmt.Errorf("reading: %w", context.Canceled))
-	if strings.Contains(logs.String(), "level=ERROR") || rec.Body.Len() != 0 {
+	if strings.Contains(logs.String(), "level=ERROR") {
 		t.Errorf("a cancelled request: log %q, answer %d %q", logs.String(), rec.Code, rec.Body.String())
 	}
 	rec = httptest.NewRecorder()
