@@ -10,7 +10,7 @@ from . import errors, models
 from ._executions import STREAM_MIN_TIMEOUT, execution_body
 from ._files import _agent_path
 from ._transport import Transport, segment
-from .sse import SSEParser
+from .sse import json_events
 
 P = "/api/v1"
 
@@ -227,19 +227,10 @@ class AgentsMixin:
             timeout=max(self._t.timeout, STREAM_MIN_TIMEOUT),
         )
         with resp:
-            ctype = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-            if ctype != "text/event-stream":
-                raise errors.SbxError(f"chat: the server answered with {ctype!r}, not an event stream", status=resp.status)
-            parser = SSEParser()
-            for chunk in resp.chunks():
-                for ev in parser.feed(chunk):
-                    try:
-                        data = json.loads(ev.data)
-                    except ValueError as e:
-                        raise errors.SbxError(f"chat: event {ev.name}: {e}") from e
-                    yield models.ChatEvent(ev.name, data if isinstance(data, dict) else {})
-                    if ev.name == "done":
-                        return
+            for name, data in json_events(resp, "chat"):
+                yield models.ChatEvent(name, data if isinstance(data, dict) else {})
+                if name == "done":
+                    return
         raise errors.TransportError("chat: the stream ended before its done event")
 
     def forget_conversation(self, agent_id: str, user_id: str, conversation_id: str) -> None:

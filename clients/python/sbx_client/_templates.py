@@ -3,13 +3,12 @@ the caller's own, and the builds of the caller's own."""
 
 from __future__ import annotations
 
-import json
 from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from . import errors, models
 from ._executions import STREAM_MIN_TIMEOUT
 from ._transport import Transport, segment
-from .sse import SSEParser
+from .sse import json_events
 
 P = "/api/v1"
 
@@ -64,18 +63,9 @@ class TemplatesMixin:
             timeout=max(self._t.timeout, STREAM_MIN_TIMEOUT),
         )
         with resp:
-            ctype = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
-            if ctype != "text/event-stream":
-                raise errors.SbxError(f"template {name}: the server answered with {ctype!r}, not an event stream", status=resp.status)
-            parser = SSEParser()
-            for chunk in resp.chunks():
-                for ev in parser.feed(chunk):
-                    try:
-                        data = json.loads(ev.data)
-                    except ValueError as e:
-                        raise errors.SbxError(f"template {name}: event {ev.name}: {e}") from e
-                    if ev.name == "log" and on_log is not None:
-                        on_log(data.get("text", ""))
-                    elif ev.name == "end":
-                        return models.from_dict(models.Template, data)
+            for event, data in json_events(resp, f"template {name}"):
+                if event == "log" and on_log is not None:
+                    on_log(data.get("text", ""))
+                elif event == "end":
+                    return models.from_dict(models.Template, data)
         raise errors.TransportError(f"template {name}: build {build_id}: the stream ended before the build")

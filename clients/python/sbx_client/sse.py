@@ -14,8 +14,9 @@ at the end of the stream is dropped.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, Iterator, List, Optional, Tuple
 
 from .errors import SbxError
 
@@ -122,3 +123,20 @@ class SSEParser:
         elif fld == "id" and "\0" not in value:
             self.last_id = value
         return None
+
+
+def json_events(resp: Any, what: str) -> Iterator[Tuple[str, Any]]:
+    """Yields the events of an answer that must be an event stream, as
+    (name, data decoded as JSON), as they arrive; ``what`` names the call in
+    errors."""
+    ctype = (resp.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+    if ctype != "text/event-stream":
+        raise SbxError(f"{what}: the server answered with {ctype!r}, not an event stream", status=resp.status)
+    parser = SSEParser()
+    for chunk in resp.chunks():
+        for ev in parser.feed(chunk):
+            try:
+                data = json.loads(ev.data)
+            except ValueError as e:
+                raise SbxError(f"{what}: event {ev.name}: {e}") from e
+            yield ev.name, data
