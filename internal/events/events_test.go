@@ -122,6 +122,14 @@ func (f *failing) AppendEvent(ctx context.Context, e *store.Event) error {
 	return f.Store.AppendEvent(ctx, e)
 }
 
+func (f *failing) AppendEvents(ctx context.Context, events []*store.Event) error {
+	f.tries.Add(1)
+	if f.down.Load() {
+		return fmt.Errorf("the store is away: %w", errdefs.ErrUnavailable)
+	}
+	return f.Store.AppendEvents(ctx, events)
+}
+
 // An append that keeps failing is given up after a few tries, and what
 // comes after it is recorded; Record never waits longer than it may.
 func TestLogFailures(t *testing.T) {
@@ -224,6 +232,45 @@ func TestFlush(t *testing.T) {
 		evs, err := st.ListEvents(context.Background(), store.EventFilter{Tenant: "t"})
 		if err != nil || len(evs) != i+1 {
 			t.Fatalf("after Flush %d: %d events (%v)", i, len(evs), err)
+		}
+	}
+}
+
+// counting counts the store's append transactions.
+type counting struct {
+	store.Store
+	calls atomic.Int64
+}
+
+func (c *counting) AppendEvent(ctx context.Context, e *store.Event) error {
+	c.calls.Add(1)
+	return c.Store.AppendEvent(ctx, e)
+}
+
+func (c *counting) AppendEvents(ctx context.Context, events []*store.Event) error {
+	c.calls.Add(1)
+	return c.Store.AppendEvents(ctx, events)
+}
+
+// Events that come while the queue lingers go to the store in one
+// transaction, numbered in the order they came.
+func TestBatched(t *testing.T) {
+	c := &counting{Store: openStore(t)}
+	l := events.New(events.Options{Store: c, Log: quiet(), Linger: time.Hour})
+	for i := range 5 {
+		l.Emit(events.Event{Tenant: "t", SessionID: fmt.Sprint(i), Type: api.EventExecutionStarted})
+	}
+	l.Close() // appends what is queued
+	if n := c.calls.Load(); n != 1 {
+		t.Errorf("%d append transactions for 5 events queued together; want 1", n)
+	}
+	evs, err := c.ListEvents(context.Background(), store.EventFilter{Tenant: "t"})
+	if err != nil || len(evs) != 5 {
+		t.Fatalf("events: %v %v", evs, err)
+	}
+	for i, e := range evs {
+		if e.Seq != int64(i+1) || e.SessionID != fmt.Sprint(i) {
+			t.Errorf("event %d: seq %d session %s", i, e.Seq, e.SessionID)
 		}
 	}
 }

@@ -260,13 +260,64 @@ func (l *Log) run() {
 			if len(batch) == 0 {
 				break
 			}
-			for _, it := range batch {
-				l.append(ctx, it)
-			}
+			l.appendAll(ctx, batch)
 		}
 		if closing {
 			return
 		}
+	}
+}
+
+// appendAll writes what the queue held: the events between Flush's
+// marks in one store transaction each, so that an execution's start and
+// end, which the linger brings together, cost one commit, not two (on
+// SQLite, one turn of its one writer). A batch the store refuses is
+// written one event at a time, so that only a bad event is given up.
+func (l *Log) appendAll(ctx context.Context, batch []*item) {
+	for len(batch) > 0 {
+		n := 0
+		for n < len(batch) && !batch[n].flush {
+			n++
+		}
+		if n <= 1 {
+			l.append(ctx, batch[0])
+			batch = batch[1:]
+			continue
+		}
+		run := batch[:n]
+		batch = batch[n:]
+		evs := make([]*store.Event, len(run))
+		for i, it := range run {
+			evs[i] = &it.ev
+		}
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := l.opt.Store.AppendEvents(actx, evs)
+		cancel()
+		if err != nil {
+			for _, it := range run {
+				l.append(ctx, it)
+			}
+			continue
+		}
+		for _, it := range run {
+			l.appended(it)
+		}
+	}
+}
+
+// appended does what follows an event's append: its waiter and the
+// streams hear of it.
+func (l *Log) appended(it *item) {
+	l.mu.Lock()
+	l.pending--
+	if it.ev.Seq > l.last[it.ev.Tenant] {
+		l.last[it.ev.Tenant] = it.ev.Seq
+	}
+	close(l.changed)
+	l.changed = make(chan struct{})
+	l.mu.Unlock()
+	if it.done != nil {
+		close(it.done)
 	}
 }
 

@@ -41,6 +41,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
@@ -177,6 +178,9 @@ type Store interface {
 	// that saw event n has seen every event before it. e.CreatedAt is
 	// required.
 	AppendEvent(ctx context.Context, e *Event) error
+	// AppendEvents records events in one transaction, in order, as
+	// AppendEvent would one by one: all of them or, on an error, none.
+	AppendEvents(ctx context.Context, events []*Event) error
 	// ListEvents returns a tenant's events after Seq f.After, oldest first.
 	ListEvents(ctx context.Context, f EventFilter) ([]*Event, error)
 	// TrimEvents deletes the events created before before, and returns
@@ -382,4 +386,28 @@ func CheckListDocuments(kind, tenant string, limit int) error {
 		return fmt.Errorf("documents: limit %d is not in 1..1000: %w", limit, errdefs.ErrInvalidArgument)
 	}
 	return nil
+}
+
+// CheckEvent reports an event a backend must refuse.
+func CheckEvent(e *Event) error {
+	switch {
+	case e.Tenant == "" || e.Type == "":
+		return fmt.Errorf("event: tenant and type are required: %w", errdefs.ErrInvalidArgument)
+	case e.CreatedAt.IsZero():
+		return fmt.Errorf("event: created_at is required: %w", errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// ByTenant returns the indexes of events in the order a backend appends
+// them: by tenant, and in their order within a tenant, so that
+// transactions take tenants' counters in one order and none waits for
+// another that waits for it.
+func ByTenant(events []*Event) []int {
+	idx := make([]int, len(events))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return events[idx[a]].Tenant < events[idx[b]].Tenant })
+	return idx
 }

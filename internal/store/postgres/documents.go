@@ -128,31 +128,44 @@ func (s *Store) DeleteDocument(ctx context.Context, kind, tenant, key string, re
 	return s.docMissing(ctx, kind, tenant, key, what)
 }
 
-// AppendEvent implements store.Store. The upsert of the tenant's
-// event_seqs row locks it until the transaction commits, so the next
-// appender for the tenant waits and takes the next number only after this
-// event is visible: numbers follow commit order.
+// AppendEvent implements store.Store.
 func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
-	if err := required("event", "tenant", e.Tenant, "type", e.Type); err != nil {
-		return err
-	}
-	if e.CreatedAt.IsZero() {
-		return fmt.Errorf("event: created_at is required: %w", errdefs.ErrInvalidArgument)
-	}
-	var seq int64
-	err := s.tx(ctx, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, `INSERT INTO event_seqs AS q (tenant, seq) VALUES ($1, 1)
-			ON CONFLICT (tenant) DO UPDATE SET seq = q.seq + 1 RETURNING seq`, e.Tenant).Scan(&seq); err != nil {
+	return s.AppendEvents(ctx, []*store.Event{e})
+}
+
+// AppendEvents implements store.Store. The upsert of a tenant's
+// event_seqs row locks it until the transaction commits, so the next
+// appender for the tenant waits and takes the next number only after
+// these events are visible: numbers follow commit order.
+func (s *Store) AppendEvents(ctx context.Context, events []*store.Event) error {
+	for _, e := range events {
+		if err := store.CheckEvent(e); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO events (tenant, seq, session_id, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
-			e.Tenant, seq, e.SessionID, e.Type, rawJSON(e.Data), ts(e.CreatedAt))
-		return err
+	}
+	seqs := make([]int64, len(events))
+	err := s.tx(ctx, func(tx pgx.Tx) error {
+		// Tenants' rows are locked in one order in every transaction, or
+		// two batches of two tenants could each wait for the other.
+		for _, i := range store.ByTenant(events) {
+			e := events[i]
+			if err := tx.QueryRow(ctx, `INSERT INTO event_seqs AS q (tenant, seq) VALUES ($1, 1)
+				ON CONFLICT (tenant) DO UPDATE SET seq = q.seq + 1 RETURNING seq`, e.Tenant).Scan(&seqs[i]); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO events (tenant, seq, session_id, type, data, created_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+				e.Tenant, seqs[i], e.SessionID, e.Type, rawJSON(e.Data), ts(e.CreatedAt)); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return dbErr("append event", err)
+		return dbErr("append events", err)
 	}
-	e.Seq = seq
+	for i, e := range events {
+		e.Seq = seqs[i]
+	}
 	return nil
 }
 

@@ -143,30 +143,41 @@ func (s *Store) DeleteDocument(ctx context.Context, kind, tenant, key string, re
 	return err
 }
 
-// AppendEvent implements store.Store: one write transaction takes the
-// tenant's next number and records the event, and SQLite has one writer,
-// so numbers follow commit order.
+// AppendEvent implements store.Store.
 func (s *Store) AppendEvent(ctx context.Context, e *store.Event) error {
-	if err := required("event", "tenant", e.Tenant, "type", e.Type); err != nil {
-		return err
-	}
-	if e.CreatedAt.IsZero() {
-		return fmt.Errorf("event: created_at is required: %w", errdefs.ErrInvalidArgument)
-	}
-	var seq int64
-	err := s.write(ctx, func(tx *sql.Tx) error {
-		if err := tx.QueryRowContext(ctx, `INSERT INTO event_seqs (tenant, seq) VALUES (?, 1)
-			ON CONFLICT (tenant) DO UPDATE SET seq = seq + 1 RETURNING seq`, e.Tenant).Scan(&seq); err != nil {
+	return s.AppendEvents(ctx, []*store.Event{e})
+}
+
+// AppendEvents implements store.Store: one write transaction takes each
+// tenant's next numbers and records the events, and SQLite has one
+// writer, so numbers follow commit order.
+func (s *Store) AppendEvents(ctx context.Context, events []*store.Event) error {
+	for _, e := range events {
+		if err := store.CheckEvent(e); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO events (tenant, seq, session_id, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
-			e.Tenant, seq, e.SessionID, e.Type, rawJSON(e.Data), e.CreatedAt.UnixMicro())
-		return err
+	}
+	seqs := make([]int64, len(events))
+	err := s.write(ctx, func(tx *sql.Tx) error {
+		for _, i := range store.ByTenant(events) {
+			e := events[i]
+			if err := tx.QueryRowContext(ctx, `INSERT INTO event_seqs (tenant, seq) VALUES (?, 1)
+				ON CONFLICT (tenant) DO UPDATE SET seq = seq + 1 RETURNING seq`, e.Tenant).Scan(&seqs[i]); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO events (tenant, seq, session_id, type, data, created_at) VALUES (?, ?, ?, ?, ?, ?)`,
+				e.Tenant, seqs[i], e.SessionID, e.Type, rawJSON(e.Data), e.CreatedAt.UnixMicro()); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
-		return dbErr("append event", err)
+		return dbErr("append events", err)
 	}
-	e.Seq = seq
+	for i, e := range events {
+		e.Seq = seqs[i]
+	}
 	return nil
 }
 

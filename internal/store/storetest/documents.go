@@ -297,23 +297,35 @@ func testConcurrentEvents(t *testing.T, open func(t *testing.T) store.Store) {
 		errs = make(chan error, appenders+1)
 		done = make(chan struct{})
 	)
-	for range appenders {
+	for a := range appenders {
 		wg.Go(func() {
-			for range each {
-				e := &store.Event{Tenant: "acme", Type: "execution.started", CreatedAt: time.Now()}
-				err := s.AppendEvent(ctx, e)
+			// Half the appenders write their events two at a time, with
+			// another tenant's between: batches lock two tenants' counters.
+			for i := 0; i < each; {
+				evs := []*store.Event{{Tenant: "acme", Type: "execution.started", CreatedAt: time.Now()}}
+				if a%2 == 1 {
+					evs = append(evs, &store.Event{Tenant: "other", Type: "execution.started", CreatedAt: time.Now()},
+						&store.Event{Tenant: "acme", Type: "execution.finished", CreatedAt: time.Now()})
+				}
+				err := s.AppendEvents(ctx, evs)
 				for errors.Is(err, errdefs.ErrUnavailable) {
-					err = s.AppendEvent(ctx, e)
+					err = s.AppendEvents(ctx, evs)
 				}
 				if err != nil {
 					errs <- err
 					return
 				}
 				mu.Lock()
-				if seen[e.Seq] {
-					errs <- fmt.Errorf("number %d given twice", e.Seq)
+				for _, e := range evs {
+					if e.Tenant != "acme" {
+						continue
+					}
+					if seen[e.Seq] {
+						errs <- fmt.Errorf("number %d given twice", e.Seq)
+					}
+					seen[e.Seq] = true
+					i++
 				}
-				seen[e.Seq] = true
 				mu.Unlock()
 			}
 		})
@@ -361,3 +373,47 @@ func testConcurrentEvents(t *testing.T, open func(t *testing.T) store.Store) {
 
 // isJSON reports whether a is the JSON text b, as a store may reformat it.
 func isJSON(a json.RawMessage, b string) bool { return sameJSON(a, json.RawMessage(b)) }
+
+// testAppendEvents: a batch of several tenants' events numbers each
+// tenant's in order, after what the tenant had; a batch with a bad event
+// records none of its events.
+func testAppendEvents(t *testing.T, open func(t *testing.T) store.Store) {
+	s := open(t)
+	first := &store.Event{Tenant: "b", Type: "session.created", CreatedAt: t0}
+	if err := s.AppendEvent(ctx, first); err != nil || first.Seq != 1 {
+		t.Fatalf("AppendEvent = %v, seq %d", err, first.Seq)
+	}
+	batch := []*store.Event{
+		{Tenant: "b", SessionID: "s1", Type: "execution.started", CreatedAt: t0},
+		{Tenant: "a", SessionID: "s2", Type: "execution.started", CreatedAt: t0},
+		{Tenant: "b", SessionID: "s1", Type: "execution.finished", CreatedAt: t0},
+		{Tenant: "a", SessionID: "s2", Type: "execution.finished", CreatedAt: t0},
+	}
+	if err := s.AppendEvents(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range batch {
+		got = append(got, fmt.Sprintf("%s%d", e.Tenant, e.Seq))
+	}
+	if want := "b2 a1 b3 a2"; strings.Join(got, " ") != want {
+		t.Errorf("numbers %v; want %s", got, want)
+	}
+	evs, err := s.ListEvents(ctx, store.EventFilter{Tenant: "b"})
+	if err != nil || len(evs) != 3 || evs[1].Type != "execution.started" || evs[2].Type != "execution.finished" {
+		t.Errorf("b's events: %v %v", evs, err)
+	}
+	bad := []*store.Event{
+		{Tenant: "a", Type: "x", CreatedAt: t0},
+		{Tenant: "a", Type: "x"}, // no time
+	}
+	if err := s.AppendEvents(ctx, bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a batch with a bad event = %v; want ErrInvalidArgument", err)
+	}
+	if evs, _ := s.ListEvents(ctx, store.EventFilter{Tenant: "a"}); len(evs) != 2 {
+		t.Errorf("after the refused batch a has %d events; want 2", len(evs))
+	}
+	if err := s.AppendEvents(ctx, nil); err != nil {
+		t.Errorf("an empty batch: %v", err)
+	}
+}

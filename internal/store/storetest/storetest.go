@@ -67,6 +67,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ConcurrentDocumentUpdates", testConcurrentDocumentUpdates},
 		{"Events", testEvents},
 		{"ConcurrentEvents", testConcurrentEvents},
+		{"AppendEvents", testAppendEvents},
 		{"Ping", testPing},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, open) })
