@@ -78,13 +78,7 @@ func checkChat(req api.ChatRequest) error {
 // goroutine of its own, which this one waits for; a client that leaves
 // (or a write that fails) cancels it.
 func (s *Server) streamChat(w http.ResponseWriter, r *http.Request, req chat.Request, tools chat.Tools) {
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
+	rc := beginStream(w, "text/event-stream")
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()

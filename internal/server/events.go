@@ -154,13 +154,7 @@ func (s *Server) eventPage(ctx context.Context, q eventQuery) (*api.EventList, e
 // does not read them again. A comment every 15 s keeps proxies from
 // closing a quiet stream.
 func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, q eventQuery) {
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	rc.Flush()
+	rc := beginStream(w, "text/event-stream")
 	ctx := r.Context()
 	beat := time.NewTicker(sseHeartbeat)
 	defer beat.Stop()

@@ -82,6 +82,20 @@ func wantsEventStream(r *http.Request) bool {
 	return false
 }
 
+// beginStream answers 200 with a stream of contentType that no cache or
+// proxy holds back, and flushes the header out; what follows is flushed
+// with the controller it returns.
+func beginStream(w http.ResponseWriter, contentType string) *http.ResponseController {
+	h := w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	return rc
+}
+
 // sseHeartbeat keeps idle streams alive through proxies that close quiet
 // connections.
 const sseHeartbeat = 15 * time.Second
@@ -89,12 +103,7 @@ const sseHeartbeat = 15 * time.Second
 // stream sends an execution as server-sent events: submitted, the output
 // as it happens, then result.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, run *execution.Run) {
-	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
+	rc := beginStream(w, "text/event-stream")
 	send := func(event string, v any) bool {
 		b, _ := json.Marshal(v)
 		if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", event, b); err != nil {

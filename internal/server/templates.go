@@ -114,16 +114,11 @@ func (s *Server) templateBuildLogs(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		started = true
-		h := w.Header()
-		h.Set("Cache-Control", "no-cache")
-		h.Set("X-Accel-Buffering", "no")
 		if sse {
-			h.Set("Content-Type", "text/event-stream")
+			beginStream(w, "text/event-stream")
 		} else {
-			h.Set("Content-Type", "text/plain; charset=utf-8")
+			beginStream(w, "text/plain; charset=utf-8")
 		}
-		w.WriteHeader(http.StatusOK)
-		rc.Flush()
 	}
 	var partial []byte // an unfinished last line, held back for SSE
 	emit := func(b []byte) error {
