@@ -8,6 +8,7 @@ package runtime
 
 import (
 	"context"
+	"io"
 	"net"
 	"time"
 
@@ -168,3 +169,47 @@ func (e *StateError) Error() string {
 
 // Is makes errors.Is(err, errdefs.ErrFailedPrecondition) true.
 func (e *StateError) Is(target error) bool { return target == errdefs.ErrFailedPrecondition }
+
+// Job is a one-shot container for work that is not a sandbox: a step of a
+// template build. It runs Args to completion as root of a user namespace
+// of its own (host ids of its own, like a sandbox's), with no capability
+// on the host, under seccomp, in its own PID, mount, IPC, UTS and cgroup
+// namespaces and a network namespace with loopback only unless NetNS
+// names another. Root and the Storage binds are reached through idmapped
+// mounts, so what the job writes there belongs to the storage ids on disk
+// (root inside the job is the first storage id), as template builds must.
+type Job struct {
+	// Root is the job's root directory, read-write unless ReadOnlyRoot.
+	Root         string
+	ReadOnlyRoot bool
+	// Binds are mounted into the job, in order.
+	Binds []Bind
+	// Args, Env and Cwd are the process's ("/" if Cwd is empty).
+	Args []string
+	Env  []string
+	Cwd  string
+	// Stdin (nil: none), Stdout and Stderr (nil: discarded) are the
+	// process's standard streams.
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// NetNS is the path of a network namespace to join (egress.NetNS);
+	// empty: a new one with loopback only.
+	NetNS string
+	// Resources bound the job: CPU, MemoryMB, PIDs and TmpMB (a tmpfs on
+	// /tmp; 0: /tmp is Root's own). Zero CPU, memory and PIDs take
+	// DefaultJobResources'.
+	Resources Resources
+}
+
+// Bind is a bind mount of a host directory into a job.
+type Bind struct {
+	Source, Dest string
+	ReadOnly     bool
+	// Storage: the source belongs to the storage ids and is mounted
+	// through the job's idmapping (as Root is); otherwise it is mounted as
+	// it is, and whatever the host owns there shows as the overflow id.
+	Storage bool
+}
+
+// DefaultJobResources fill Job.Resources' zero fields.
+var DefaultJobResources = Resources{CPU: 1, MemoryMB: 2048, PIDs: 1024}

@@ -102,6 +102,20 @@ func OCI() *specs.LinuxSeccomp {
 	}
 }
 
+// buildOnly are what template builds (oci jobs) may call beyond OCI's
+// profile: debootstrap's second stage runs every command through chroot,
+// into the job's own root. A job's root is a pivot_root'ed rootfs in a
+// mount namespace of its own, so chroot leads nowhere outside it.
+var buildOnly = []string{"chroot"}
+
+// Build returns the seccomp profile of template builds: OCI's, plus
+// buildOnly.
+func Build() *specs.LinuxSeccomp {
+	p := OCI()
+	p.Syscalls = append(p.Syscalls, specs.LinuxSyscall{Names: slices.Clone(buildOnly), Action: specs.ActAllow})
+	return p
+}
+
 // Argument values for the rules below, spelt out for the same reason as
 // eperm; the tests compare them with golang.org/x/sys/unix.
 const (

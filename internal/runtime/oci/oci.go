@@ -72,6 +72,9 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// Log receives the driver's logs. Default: slog.Default().
 	Log *slog.Logger
+	// JobsOnly: the runtime will run jobs (RunJob: template builds) and no
+	// sandbox, so it needs no executor binary.
+	JobsOnly bool
 }
 
 // Runtime is the OCI driver.
@@ -82,6 +85,7 @@ type Runtime struct {
 	binary string // resolved path of the runtime binary
 	global []string
 	log    *slog.Logger
+	jobsState
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -199,6 +203,9 @@ func (r *Runtime) prepareStateDir() error {
 		if err := os.Chmod(d, 0o711); err != nil {
 			return fmt.Errorf("state dir: %w", err)
 		}
+	}
+	if r.cfg.JobsOnly {
+		return nil
 	}
 	exe := r.cfg.ExecutorPath
 	if exe == "" {
