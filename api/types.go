@@ -55,6 +55,13 @@ const (
 // ran because no sandbox could be had: submitting it again is safe.
 const ErrTypeSandboxUnavailable = "SandboxUnavailable"
 
+// ErrTypeTemplateNotBuilt is the error type of an execution that never
+// ran because its session's template (a tenant's own) has no build to
+// start a sandbox on: its last build failed or was cancelled. (While the
+// template builds, the error type is SandboxUnavailable: retrying works.)
+// A ?wait=true execute answers it with 409.
+const ErrTypeTemplateNotBuilt = "TemplateNotBuilt"
+
 // ErrTypeQuotaExceeded is the error type of an execution that never ran
 // because its tenant is at one of its limits (live sandboxes, memory,
 // CPU): retryable once the tenant holds less. With ?wait=true it is a 429

@@ -259,6 +259,7 @@ func ensure(ctx context.Context, store *template.Store, name string) *template.T
 		return t
 	}
 	fmt.Fprintf(os.Stderr, "bench: building template %s\n", name)
+	store.Jobs = oci.NewJobRunner(oci.Config{StateDir: stateRoot, CgroupParent: "sbx-bench"})
 	t, err := store.Ensure(ctx, spec, os.Stderr)
 	if err != nil {
 		log.Fatal(err)

@@ -153,6 +153,7 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, workdir string, req executor.RunRequest, stream bool, stderr io.Writer) (*executor.Result, error) {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	store := template.NewStore(filepath.Join(dataDir(), "templates"))
+	store.Jobs = oci.NewJobRunner(oci.Config{StateDir: stateDir(), Log: log})
 	tmpl, ok := store.Lookup(spec)
 	if !ok {
 		fmt.Fprintf(stderr, "sbx: building template %s (once; cached in %s)\n", spec.Name, store.Dir)

@@ -16,6 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
@@ -121,6 +122,7 @@ func templateBuild(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return remoteBuild(ctx, c, spec, stdout, stderr)
 	}
 	store := template.NewStore(filepath.Join(*dir, "templates"))
+	store.Jobs = oci.NewJobRunner(oci.Config{StateDir: stateDir()})
 	t, err := store.Ensure(ctx, spec, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx template build:", err)

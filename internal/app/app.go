@@ -221,6 +221,8 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
 	templates := template.NewStore(cfg.TemplateDir)
+	templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	templates.MaxBuildBytes = registry.DefaultMaxBuildBytes
 	newRuntime := cfg.Runtime
 	if newRuntime == nil {
 		newRuntime = func(name string) (runtime.Runtime, error) {
@@ -298,7 +300,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		MaxResources: session.CapResources(cfg.MaxResources),
 	})
 	mgr := session.New(session.Options{
-		Store: st, Templates: templates, Resolve: reg.Resolve, Runtime: newRuntime,
+		Store: st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snaps, Pools: cfg.Pools,

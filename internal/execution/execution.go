@@ -32,6 +32,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
 // Error types the control plane gives executions that never got to run or
@@ -385,8 +386,11 @@ func (s *Service) run(ctx context.Context, r *Run) {
 		lease, err := s.opt.Sessions.Acquire(ctx, r.rec.Tenant, r.rec.SessionID)
 		if err != nil {
 			kind := ErrTypeUnavailable
-			if errors.Is(err, errdefs.ErrResourceExhausted) {
+			switch {
+			case errors.Is(err, errdefs.ErrResourceExhausted):
 				kind = api.ErrTypeQuotaExceeded
+			case errors.Is(err, template.ErrNotBuilt) && errors.Is(err, errdefs.ErrFailedPrecondition):
+				kind = api.ErrTypeTemplateNotBuilt
 			}
 			s.finish(r, nil, s.failure(ctx, err, kind))
 			return

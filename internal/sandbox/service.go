@@ -72,6 +72,12 @@ type Config struct {
 	// the tenant's own, the operator's); an unknown name is
 	// ErrInvalidArgument. Default: built-ins and the operator's.
 	Resolve func(ctx context.Context, tenant, name string) (template.Spec, error)
+	// NotBuilt explains why a tenant's template has no build to start a
+	// sandbox on (the registry's build is queued, running, failed or
+	// cancelled). A tenant's templates are built only through the
+	// registry's queue, never inline on a sandbox's start, where no build
+	// limit would hold. Nil: ErrUnavailable without details.
+	NotBuilt func(ctx context.Context, tenant, name string) error
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
@@ -218,6 +224,12 @@ func (s *Service) build(ctx context.Context, spec template.Spec, pinned, session
 	}
 	if t, ok := s.cfg.Templates.Lookup(spec); ok {
 		return t, nil
+	}
+	if spec.Owner != "" {
+		if s.cfg.NotBuilt != nil {
+			return nil, s.cfg.NotBuilt(ctx, spec.Owner, spec.Name)
+		}
+		return nil, fmt.Errorf("template %q: %w: %w", spec.Name, template.ErrNotBuilt, errdefs.ErrUnavailable)
 	}
 	s.log.Info("building template (once; later sessions reuse it)", "template", spec.Name)
 	t, err := s.cfg.Templates.Ensure(ctx, spec, progressLog{s.log, spec.Name})

@@ -59,6 +59,10 @@ func (s *Server) submit(w http.ResponseWriter, r *http.Request, sessionID string
 			s.writeError(w, r, fmt.Errorf("%s (execution %s): %w", res.Error.Message, res.ExecutionID, errdefs.ErrUnavailable))
 			return
 		}
+		if res.Error != nil && res.Error.Type == api.ErrTypeTemplateNotBuilt {
+			s.writeError(w, r, fmt.Errorf("%s (execution %s): %w", res.Error.Message, res.ExecutionID, errdefs.ErrFailedPrecondition))
+			return
+		}
 		if res.Error != nil && res.Error.Type == api.ErrTypeQuotaExceeded {
 			// 429 with Retry-After and the limit's name.
 			s.writeError(w, r, fmt.Errorf("%s (execution %s): %w", res.Error.Message, res.ExecutionID, errdefs.ErrResourceExhausted))

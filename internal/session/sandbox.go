@@ -14,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
 // Lease is a ready sandbox's executor, handed to one execution. While a
@@ -254,8 +255,15 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 			m.sbx.Destroy(context.Background(), sb)
 		}
 		if !errors.Is(err, errdefs.ErrNotFound) {
-			m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
-			err = fmt.Errorf("session %q: no sandbox: %v: %w", s.ID, err, errdefs.ErrUnavailable)
+			if errors.Is(err, template.ErrNotBuilt) {
+				// Its own answer: 503 while the template builds, 409
+				// once its build failed (retrying will not help).
+				m.log.Info("no sandbox: the template is not built", "tenant", s.Tenant, "session", s.ID, "err", err)
+				err = fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
+			} else {
+				m.log.Error("sandbox start failed", "tenant", s.Tenant, "session", s.ID, "err", err)
+				err = fmt.Errorf("session %q: no sandbox: %v: %w", s.ID, err, errdefs.ErrUnavailable)
+			}
 			if unlock != nil {
 				m.recordStart(e.key, api.StatusError, err.Error(), nil)
 			}

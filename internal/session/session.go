@@ -43,6 +43,9 @@ type Options struct {
 	// the tenant's own, the operator's). Default: built-ins and the
 	// operator's.
 	Resolve func(ctx context.Context, tenant, name string) (template.Spec, error)
+	// NotBuilt explains why a tenant's template has no build yet
+	// (sandbox.Config.NotBuilt).
+	NotBuilt func(ctx context.Context, tenant, name string) error
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
@@ -251,7 +254,7 @@ func New(opt Options) *Manager {
 		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
 	})
 	m.sbx = sandbox.New(sandbox.Config{
-		Templates: opt.Templates, Resolve: opt.Resolve, Runtime: opt.Runtime, Dirs: m.ws,
+		Templates: opt.Templates, Resolve: opt.Resolve, NotBuilt: opt.NotBuilt, Runtime: opt.Runtime, Dirs: m.ws,
 		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
 		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
 		Destroying: opt.Destroying,

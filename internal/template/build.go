@@ -10,9 +10,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
 const buildSteps = 5
@@ -61,14 +64,6 @@ chmod 0755 /workspace /run/sbx /opt/sbx
 ln -sfn /workspace /home/user
 `
 
-// writeFileScript writes standard input to $1 with mode $2. It runs inside
-// the chroot, so that every symlink on the way resolves in the rootfs.
-const writeFileScript = `set -e
-mkdir -p "$(dirname "$1")"
-cat > "$1"
-chmod "$2" "$1"
-`
-
 // stubScript builds and installs a placeholder package from the control
 // file on standard input (see Spec.Stubs).
 const stubScript = `set -e
@@ -90,18 +85,26 @@ var aptGet = []string{
 	"-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
 }
 
-// build makes the rootfs of spec in a temporary directory and renames it
-// into builds/<hash>. The caller holds the build's lock. On any failure,
-// cancellation or panic the temporary directory is removed.
+// build makes the rootfs of spec and renames it into builds/<hash>. The
+// caller holds the build's lock. Every command runs in a job of the box
+// (exec.go); the rootfs grows in a tmpfs of at most Store.MaxBuildBytes,
+// so a build stops at its limit, not after, and what the host writes into
+// it (apt's sources, the spec's files) it writes through os.Root, executing
+// nothing of the rootfs. On any failure, cancellation or panic the
+// temporary directory is removed.
 func (s *Store) build(ctx context.Context, spec Spec, hash string, p *progress) (_ *Template, err error) {
 	start := time.Now()
-	r := &runner{progress: p}
 	release := spec.release()
 	mirror, sources, err := s.aptConfig(release)
 	if err != nil {
 		return nil, err
 	}
-	base, err := s.ensureBase(ctx, r, release, mirror)
+	bx, err := newBox(s.Jobs, p, append([]string{mirror}, sourceURIs(sources)...), s.jobMemoryMB())
+	if err != nil {
+		return nil, err
+	}
+	defer bx.close()
+	base, err := s.ensureBase(ctx, bx, release, mirror)
 	if err != nil {
 		return nil, err
 	}
@@ -119,47 +122,57 @@ func (s *Store) build(ctx context.Context, spec Spec, hash string, p *progress) 
 			}
 		}
 	}()
-	rootfs := filepath.Join(tmp, "rootfs")
-	// --reflink=auto: a copy-on-write copy where the filesystem can.
-	if err := r.run(ctx, "copy the base layer", nil, nil, "cp", "-a", "--reflink=auto", filepath.Join(base, "rootfs"), rootfs); err != nil {
+	area, err := s.makeArea(tmp)
+	if err != nil {
 		return nil, err
+	}
+	rootfs := filepath.Join(area, "rootfs")
+	if err := copyTree(ctx, filepath.Join(base, "rootfs"), rootfs); err != nil {
+		return nil, s.areaError(area, "copy the base layer", err)
 	}
 	done()
 
 	pkgs := spec.packages()
 	done = p.step(3, "apt-get install %d packages: %s", len(pkgs), strings.Join(pkgs, " "))
-	if err := s.install(ctx, r, rootfs, sources, spec); err != nil {
-		return nil, err
+	if err := s.install(ctx, bx, rootfs, sources, spec); err != nil {
+		return nil, s.areaError(area, "install", err)
 	}
 	done()
 
 	done = p.step(4, "configure: user 1000, mount points, %d files, clean up", len(spec.Files))
-	if err := r.inRoot(ctx, "configure", rootfs, nil, "/bin/sh", "-c", configureScript); err != nil {
-		return nil, err
+	if err := bx.inRoot(ctx, "configure", rootfs, nil, "/bin/sh", "-c", configureScript); err != nil {
+		return nil, s.areaError(area, "configure", err)
 	}
-	installed, err := r.inRootOutput(ctx, "list packages", rootfs, "dpkg-query", "-W", "-f", "${Package} ${Version}\n")
+	installed, err := bx.inRootOutput(ctx, "list packages", rootfs, "dpkg-query", "-W", "-f", "${Package} ${Version}\n")
 	if err != nil {
 		return nil, err
 	}
-	if err := r.inRoot(ctx, "clean up", rootfs, nil, "/bin/sh", "-c", cleanScript); err != nil {
+	if err := bx.inRoot(ctx, "clean up", rootfs, nil, "/bin/sh", "-c", cleanScript); err != nil {
 		return nil, err
 	}
 	// The spec's files last, so that cleaning up cannot remove them (a
-	// template may well want its own /etc/resolv.conf).
+	// template may well want its own /etc/resolv.conf), and from here: no
+	// command of the rootfs runs after them, or with them.
 	for _, path := range slices.Sorted(maps.Keys(spec.Files)) {
-		content, mode := spec.Files[path], "0644"
+		content, mode := spec.Files[path], os.FileMode(0o644)
 		if strings.HasPrefix(content, "#!") {
-			mode = "0755"
+			mode = 0o755
 		}
-		if err := r.inRoot(ctx, "write "+path, rootfs, strings.NewReader(content), "/bin/sh", "-c", writeFileScript, "sh", path, mode); err != nil {
-			return nil, err
+		if err := s.writeInRoot(rootfs, path, []byte(content), mode); err != nil {
+			return nil, s.areaError(area, "write "+path, err)
 		}
 	}
 	done()
 
-	done = p.step(5, "shift ownership to uid %d and commit", s.shift())
-	size, err := shiftOwnership(ctx, rootfs, s.shift())
+	done = p.step(5, "check ownership, drop setuid bits and file capabilities, commit")
+	size, err := finishTree(ctx, rootfs, s.shift())
 	if err != nil {
+		return nil, err
+	}
+	if err := copyTree(ctx, rootfs, filepath.Join(tmp, "rootfs")); err != nil {
+		return nil, err
+	}
+	if err := removeArea(tmp); err != nil {
 		return nil, err
 	}
 	t := &Template{
@@ -170,16 +183,14 @@ func (s *Store) build(ctx context.Context, spec Spec, hash string, p *progress) 
 		Hash: hash, SizeBytes: size, BuiltAt: t.BuiltAt, BuildDuration: t.BuildDuration,
 		Builder: BuilderVersion, Mirror: mirror, Base: filepath.Base(base),
 	}
+	// spec.json holds the tenant's env values: for root's eyes only.
 	if err := writeJSON(filepath.Join(tmp, "spec.json"), spec); err != nil {
 		return nil, err
 	}
 	if err := writeJSON(filepath.Join(tmp, "build.json"), rec); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(tmp, "packages.txt"), []byte(installed), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
+	if err := os.WriteFile(filepath.Join(tmp, "packages.txt"), []byte(installed), 0o600); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -196,51 +207,46 @@ func (s *Store) build(ctx context.Context, spec Spec, hash string, p *progress) 
 
 // install points apt at sources, installs stubs, then the packages, and
 // applies pending updates to what the base layer has.
-func (s *Store) install(ctx context.Context, r *runner, rootfs, sources string, spec Spec) error {
-	host, err := os.ReadFile("/etc/resolv.conf")
-	if err != nil {
-		return fmt.Errorf("the build needs the host's DNS configuration: %w", err)
-	}
+func (s *Store) install(ctx context.Context, bx *box, rootfs, sources string, spec Spec) error {
 	for _, f := range []struct {
 		path string
 		data string
 		perm os.FileMode
 	}{
-		{"etc/apt/sources.list", sources, 0o644},
-		{"etc/resolv.conf", string(host), 0o644},
-		{"usr/sbin/policy-rc.d", policyRCD, 0o755},
+		{"/etc/apt/sources.list", sources, 0o644},
+		{"/usr/sbin/policy-rc.d", policyRCD, 0o755},
 	} {
-		if err := writeRootfsFile(filepath.Join(rootfs, f.path), []byte(f.data), f.perm); err != nil {
+		if err := s.writeInRoot(rootfs, f.path, []byte(f.data), f.perm); err != nil {
 			return err
 		}
 	}
-	if err := r.inRoot(ctx, "apt-get update", rootfs, nil, append(aptGet, "update")...); err != nil {
+	if err := bx.inRoot(ctx, "apt-get update", rootfs, nil, append(aptGet, "update")...); err != nil {
 		return err
 	}
 	if stubs := spec.stubs(); len(stubs) > 0 {
-		control, err := stubControl(ctx, r, rootfs, stubs)
+		control, err := stubControl(ctx, bx, rootfs, stubs)
 		if err != nil {
 			return err
 		}
-		if err := r.inRoot(ctx, "install stubs "+strings.Join(stubs, " "), rootfs, strings.NewReader(control), "/bin/sh", "-c", stubScript); err != nil {
+		if err := bx.inRoot(ctx, "install stubs "+strings.Join(stubs, " "), rootfs, strings.NewReader(control), "/bin/sh", "-c", stubScript); err != nil {
 			return err
 		}
 	}
 	args := append(slices.Clone(aptGet), "install", "-y", "--no-install-recommends")
-	if err := r.inRoot(ctx, "apt-get install "+strings.Join(spec.packages(), " "), rootfs, nil, append(args, spec.packages()...)...); err != nil {
+	if err := bx.inRoot(ctx, "apt-get install "+strings.Join(spec.packages(), " "), rootfs, nil, append(args, spec.packages()...)...); err != nil {
 		return err
 	}
-	return r.inRoot(ctx, "apt-get upgrade", rootfs, nil, append(aptGet, "upgrade", "-y", "--no-install-recommends")...)
+	return bx.inRoot(ctx, "apt-get upgrade", rootfs, nil, append(aptGet, "upgrade", "-y", "--no-install-recommends")...)
 }
 
 // stubControl writes the control file of one placeholder package that
 // Provides every stubbed package at its candidate version (so that
 // versioned dependencies are met too) and Conflicts with the real ones (so
 // that apt can never install them beside it).
-func stubControl(ctx context.Context, r *runner, rootfs string, stubs []string) (string, error) {
+func stubControl(ctx context.Context, bx *box, rootfs string, stubs []string) (string, error) {
 	var provides []string
 	for _, pkg := range stubs {
-		out, err := r.inRootOutput(ctx, "apt-cache show "+pkg, rootfs, "apt-cache", "show", "--no-all-versions", pkg)
+		out, err := bx.inRootOutput(ctx, "apt-cache show "+pkg, rootfs, "apt-cache", "show", "--no-all-versions", pkg)
 		if err != nil {
 			return "", fmt.Errorf("stub %s: %w", pkg, err)
 		}
@@ -289,16 +295,19 @@ func (s *Store) aptConfig(release string) (mirror, sources string, err error) {
 // ensureBase returns the directory of the debootstrap base layer for
 // release from mirror (step 1), making it if needed. Base layers are
 // shared by every template of a release and built once, under their own
-// lock, like builds.
-func (s *Store) ensureBase(ctx context.Context, r *runner, release, mirror string) (string, error) {
+// lock, like builds. debootstrap runs in two jobs: the first stage
+// (download, check, unpack) with the host's /usr, read-only, as its tools
+// and the new rootfs at /target; the second (the base packages' maintainer
+// scripts) as root of the new rootfs.
+func (s *Store) ensureBase(ctx context.Context, bx *box, release, mirror string) (string, error) {
 	sum := sha256.Sum256([]byte(BuilderVersion + "\x00" + release + "\x00" + mirror))
 	key := "base-" + hex.EncodeToString(sum[:])
 	dir := s.path("base", key)
 	if _, err := os.Stat(filepath.Join(dir, "base.json")); err == nil {
-		r.progress.step(1, "debootstrap %s: base layer cached (%s)", release, key[:17])
+		bx.progress.step(1, "debootstrap %s: base layer cached (%s)", release, key[:17])
 		return dir, nil
 	}
-	done := r.progress.step(1, "debootstrap %s (base layer, cached after first build)", release)
+	done := bx.progress.step(1, "debootstrap %s (base layer, cached after first build)", release)
 	lock, err := lockFile(ctx, s.path("locks", key+".lock"))
 	if err != nil {
 		return "", err
@@ -321,21 +330,55 @@ func (s *Store) ensureBase(ctx context.Context, r *runner, release, mirror strin
 			removeTree(tmp)
 		}
 	}()
-	rootfs := filepath.Join(tmp, "rootfs")
-	if err := r.run(ctx, "debootstrap", nil, nil, "debootstrap", "--variant=minbase", release, rootfs, mirror); err != nil {
+	area, err := s.makeArea(tmp)
+	if err != nil {
 		return "", err
 	}
-	if err := writeRootfsFile(filepath.Join(rootfs, "etc/dpkg/dpkg.cfg.d/sbx-nodoc"), []byte(dpkgExcludes), 0o644); err != nil {
+	rootfs := filepath.Join(area, "rootfs")
+	if err := os.Mkdir(rootfs, 0o755); err != nil {
 		return "", err
 	}
-	if err := r.inRoot(ctx, "clean up the base layer", rootfs, nil, "/bin/sh", "-c", cleanScript); err != nil {
+	if err := os.Chown(rootfs, int(s.shift()), int(s.shift())); err != nil {
+		return "", err
+	}
+	tools, binds, err := makeTools(filepath.Join(tmp, "tools"))
+	if err != nil {
+		return "", err
+	}
+	job := bx.job(tools, nil, nil, "debootstrap", "--foreign", "--variant=minbase", "--arch="+debianArch(), release, "/target", mirror)
+	job.ReadOnlyRoot = true
+	job.Binds = append(binds, runtime.Bind{Source: rootfs, Dest: "/target", Storage: true})
+	// "lxc" tells debootstrap that it may not make device nodes (no job
+	// may), so it leaves /dev to the runtime, which mounts its own.
+	job.Env = append(slices.Clone(job.Env), "container=lxc")
+	if err := bx.exec(ctx, "debootstrap (first stage)", job); err != nil {
+		return "", s.areaError(area, "debootstrap", err)
+	}
+	if err := s.writeInRoot(rootfs, "/etc/dpkg/dpkg.cfg.d/sbx-nodoc", []byte(dpkgExcludes), 0o644); err != nil {
+		return "", err
+	}
+	job = bx.job(rootfs, nil, nil, "/debootstrap/debootstrap", "--second-stage")
+	job.Env = append(slices.Clone(job.Env), "container=lxc")
+	if err := bx.exec(ctx, "debootstrap (second stage)", job); err != nil {
+		return "", s.areaError(area, "debootstrap", err)
+	}
+	if err := bx.inRoot(ctx, "clean up the base layer", rootfs, nil, "/bin/sh", "-c", cleanScript); err != nil {
+		return "", err
+	}
+	if _, err := finishTree(ctx, rootfs, s.shift()); err != nil {
+		return "", err
+	}
+	if err := copyTree(ctx, rootfs, filepath.Join(tmp, "rootfs")); err != nil {
+		return "", err
+	}
+	if err := removeArea(tmp); err != nil {
+		return "", err
+	}
+	if err := os.RemoveAll(filepath.Join(tmp, "tools")); err != nil {
 		return "", err
 	}
 	info := map[string]any{"release": release, "mirror": mirror, "builder": BuilderVersion, "built_at": time.Now().UTC()}
 	if err := writeJSON(filepath.Join(tmp, "base.json"), info); err != nil {
-		return "", err
-	}
-	if err := os.Chmod(tmp, 0o755); err != nil {
 		return "", err
 	}
 	if err := os.Rename(tmp, dir); err != nil {
@@ -346,10 +389,29 @@ func (s *Store) ensureBase(ctx context.Context, r *runner, release, mirror strin
 	return dir, nil
 }
 
+// debianArch is Debian's name of this machine's architecture.
+func debianArch() string {
+	if goruntime.GOARCH == "386" {
+		return "i386"
+	}
+	return goruntime.GOARCH // amd64, arm64, ppc64le, s390x, riscv64 are Debian's names too
+}
+
+// sourceURIs lists the URIs of a sources.list's deb lines.
+func sourceURIs(sources string) []string {
+	var out []string
+	for _, line := range strings.Split(sources, "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "deb" {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
+	return os.WriteFile(path, append(b, '\n'), 0o600)
 }

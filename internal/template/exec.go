@@ -5,14 +5,17 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os/exec"
+	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/egress"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
-// buildEnv is the whole environment of every build command: nothing of the
+// buildEnv is the base environment of every build command: nothing of the
 // caller's environment (proxies, locales, a TERM) leaks into a build.
 var buildEnv = []string{
 	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -22,73 +25,108 @@ var buildEnv = []string{
 	"DEBCONF_NONINTERACTIVE_SEEN=true",
 }
 
-// inRootScript runs a command chrooted into a rootfs ($1) with /proc and a
-// minimal /dev mounted. It runs in a private mount namespace of its own, so
-// the mounts exist only while it runs and vanish with it however it ends
-// (error, cancellation, a crash of sbx): nothing is ever left mounted in a
-// build directory, and removing one can never reach into the host's /proc
-// or /dev. /dev is a fresh tmpfs rather than a bind of the host's, so that
-// no maintainer script can touch the host's devices.
-const inRootScript = `set -e
-r=$1; shift
-mount -t proc -o nosuid,nodev,noexec proc "$r/proc"
-mount -t tmpfs -o nosuid,noexec,mode=0755,size=1m sbx-dev "$r/dev"
-mk() { mknod -m 0666 "$r/dev/$1" c "$2" "$3"; }
-mk null 1 3; mk zero 1 5; mk full 1 7; mk random 1 8; mk urandom 1 9; mk tty 5 0
-ln -s /proc/self/fd "$r/dev/fd"
-ln -s /proc/self/fd/0 "$r/dev/stdin"
-ln -s /proc/self/fd/1 "$r/dev/stdout"
-ln -s /proc/self/fd/2 "$r/dev/stderr"
-mkdir -m 0755 "$r/dev/pts"
-mkdir -m 1777 "$r/dev/shm"
-exec chroot "$r" "$@"
-`
+// JobRunner runs a build's commands: each one a container of its own
+// (runtime.Job; the OCI driver's RunJob), never a process of the host's.
+type JobRunner func(ctx context.Context, job runtime.Job) error
 
-// runner runs a build's commands. Their output goes to progress line by
-// line, and the last lines are kept for the error message, since progress
-// may well be io.Discard.
-type runner struct {
+// buildJobTmpMB is the size of each build command's /tmp.
+const buildJobTmpMB = 512
+
+// box runs one build's commands, each in a job: root of a user namespace
+// of its own with no capability on the host, under seccomp, with the
+// job's own /proc and /dev, and no network but the package mirror,
+// reached through a proxy that serves nothing else (internal/egress).
+// Nothing a build runs, Debian's maintainer scripts included, runs as the
+// host's root or sees the host's /proc.
+type box struct {
+	run      JobRunner
 	progress *progress
+	netns    *egress.NetNS
+	proxy    *egress.Proxy
+	env      []string
+	memoryMB int64
 }
 
-// run runs name with args in a private mount namespace and its own process
-// group, which is killed as a whole when ctx ends: apt's dpkg and the
-// maintainer scripts it runs must not outlive a cancelled build. what names
-// the command in errors.
-func (r *runner) run(ctx context.Context, what string, stdin io.Reader, stdout io.Writer, name string, args ...string) error {
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = buildEnv
-	cmd.Stdin = stdin // nil is /dev/null: nothing may prompt
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Unshareflags: syscall.CLONE_NEWNS}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 10 * time.Second
-	lw := &lineWriter{p: r.progress}
-	cmd.Stderr = lw
-	cmd.Stdout = lw
-	if stdout != nil {
-		cmd.Stdout = stdout
+// newBox makes a build's network (a namespace with only loopback, and a
+// proxy to the origins of mirrors) and returns the box that runs its
+// commands. memoryMB bounds each command, the build area's tmpfs pages
+// that it writes included (they are charged to the writer).
+func newBox(run JobRunner, p *progress, mirrors []string, memoryMB int64) (*box, error) {
+	if run == nil {
+		return nil, fmt.Errorf("template builds need an OCI runtime to run in (Store.Jobs is not set): %w", errdefs.ErrUnavailable)
 	}
-	err := cmd.Run()
+	ns, err := egress.NewNetNS()
+	if err != nil {
+		return nil, fmt.Errorf("the build's network: %w", err)
+	}
+	proxy, err := egress.NewProxy(mirrors, func(what string) { p.printf("    sbx: the build's network refused %s\n", what) })
+	if err != nil {
+		ns.Close()
+		return nil, err
+	}
+	proxy.Serve(ns.Listener)
+	url := fmt.Sprintf("http://127.0.0.1:%d/", ns.Port)
+	env := append(slices.Clone(buildEnv), "http_proxy="+url, "https_proxy="+url)
+	return &box{run: run, progress: p, netns: ns, proxy: proxy, env: env, memoryMB: memoryMB}, nil
+}
+
+func (b *box) close() {
+	b.proxy.Close()
+	b.netns.Close()
+}
+
+// job returns the job that runs args as root of rootfs.
+func (b *box) job(rootfs string, stdin io.Reader, stdout io.Writer, args ...string) runtime.Job {
+	return runtime.Job{
+		Root: rootfs, Args: args, Env: b.env, Stdin: stdin, Stdout: stdout,
+		NetNS:     b.netns.Path(),
+		Resources: runtime.Resources{MemoryMB: b.memoryMB, TmpMB: buildJobTmpMB},
+	}
+}
+
+// exec runs a job; its output goes to progress line by line, and the last
+// lines go into the error. what names the command in errors.
+func (b *box) exec(ctx context.Context, what string, job runtime.Job) error {
+	lw := &lineWriter{p: b.progress}
+	job.Stderr = lw
+	if job.Stdout == nil {
+		job.Stdout = lw
+	}
+	err := b.run(ctx, job)
 	lw.flush()
 	if err != nil {
 		if ctx.Err() != nil {
-			return fmt.Errorf("%s: %w", what, ctx.Err())
+			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
 		}
 		return fmt.Errorf("%s: %w%s", what, err, lw.tailText())
 	}
 	return nil
 }
 
-// inRoot runs args chrooted into root, with /proc and /dev mounted.
-func (r *runner) inRoot(ctx context.Context, what, root string, stdin io.Reader, args ...string) error {
-	return r.run(ctx, what, stdin, nil, "/bin/sh", append([]string{"-c", inRootScript, "sbx-build", root}, args...)...)
+// inRoot runs args as root of rootfs.
+func (b *box) inRoot(ctx context.Context, what, rootfs string, stdin io.Reader, args ...string) error {
+	return b.exec(ctx, what, b.job(rootfs, stdin, nil, args...))
 }
 
 // inRootOutput is inRoot that returns the command's standard output.
-func (r *runner) inRootOutput(ctx context.Context, what, root string, args ...string) (string, error) {
+func (b *box) inRootOutput(ctx context.Context, what, rootfs string, args ...string) (string, error) {
 	var out bytes.Buffer
-	err := r.run(ctx, what, nil, &out, "/bin/sh", append([]string{"-c", inRootScript, "sbx-build", root}, args...)...)
+	err := b.exec(ctx, what, b.job(rootfs, nil, &limitedBuffer{b: &out, max: 16 << 20}, args...))
 	return out.String(), err
+}
+
+// limitedBuffer keeps the first max bytes written to it and fails past
+// them: a command's output is read into memory only up to a bound.
+type limitedBuffer struct {
+	b   *bytes.Buffer
+	max int
+}
+
+func (w *limitedBuffer) Write(p []byte) (int, error) {
+	if w.b.Len()+len(p) > w.max {
+		return 0, fmt.Errorf("more than %d bytes of output", w.max)
+	}
+	return w.b.Write(p)
 }
 
 // lineWriter copies command output to progress, indented, a line at a
@@ -96,19 +134,32 @@ func (r *runner) inRootOutput(ctx context.Context, what, root string, args ...st
 type lineWriter struct {
 	p    *progress
 	buf  []byte
+	skip bool // the rest of a line cut at maxLine
 	tail []string
 }
 
 const tailLines = 15
+
+// maxLine is the longest line a build log keeps; the rest of a longer
+// one is dropped, so that no command's output is held whole in memory.
+const maxLine = 4096
 
 func (w *lineWriter) Write(b []byte) (int, error) {
 	w.buf = append(w.buf, b...)
 	for {
 		i := bytes.IndexAny(w.buf, "\r\n")
 		if i < 0 {
+			if len(w.buf) > maxLine {
+				w.line(string(w.buf[:maxLine]) + " [...]")
+				w.buf = w.buf[:0]
+				w.skip = true
+			}
 			break
 		}
-		w.line(string(w.buf[:i]))
+		if !w.skip {
+			w.line(string(w.buf[:min(i, maxLine)]))
+		}
+		w.skip = false
 		w.buf = w.buf[i+1:]
 	}
 	return len(b), nil

@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -201,27 +200,4 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	return nil
-}
-
-// writeRootfsFile writes a file into a rootfs from outside it. It replaces
-// whatever is at path instead of writing through it: a symlink there points
-// into the rootfs's namespace, and followed from the host it would lead
-// into the host's. Only for fixed paths under a rootfs's real /etc and
-// /usr/sbin; a spec's files are written from inside a chroot.
-func writeRootfsFile(path string, data []byte, perm os.FileMode) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, perm)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(data)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(path, perm) // not the umask's idea of it
-	}
-	return err
 }

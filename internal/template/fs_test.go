@@ -8,6 +8,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func requiresRoot(t testing.TB) {
@@ -17,7 +19,7 @@ func requiresRoot(t testing.TB) {
 	}
 }
 
-func TestShiftOwnership(t *testing.T) {
+func TestFinishTree(t *testing.T) {
 	requiresRoot(t)
 	root := t.TempDir()
 	must := func(err error) {
@@ -26,59 +28,131 @@ func TestShiftOwnership(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	const shift = 100000
 	must(os.MkdirAll(filepath.Join(root, "usr/bin"), 0o755))
 	must(os.Mkdir(filepath.Join(root, "home"), 0o755))
-	must(syscall.Chmod(filepath.Join(root, "home"), 0o2775))
+	must(syscall.Chmod(filepath.Join(root, "home"), 0o3775))
 	su := filepath.Join(root, "usr/bin/su")
 	must(os.WriteFile(su, []byte("x"), 0o755))
 	must(syscall.Chmod(su, 0o4755))
 	sg := filepath.Join(root, "usr/bin/wall")
 	must(os.WriteFile(sg, []byte("x"), 0o755))
-	must(os.Chown(sg, 0, 5))
 	must(syscall.Chmod(sg, 0o2755))
+	ping := filepath.Join(root, "usr/bin/ping")
+	must(os.WriteFile(ping, []byte("x"), 0o755))
+	// cap_net_raw+ep, as a v2 security.capability value.
+	capNetRaw := []byte{0, 0, 0, 2, 0, 0x20, 0, 0, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+	must(unix.Lsetxattr(ping, "security.capability", capNetRaw, 0))
 	owned := filepath.Join(root, "home/owned")
 	must(os.WriteFile(owned, nil, 0o600))
-	must(os.Chown(owned, 1000, 1000))
 	must(os.Symlink("/usr/bin/su", filepath.Join(root, "link")))
 	must(os.Link(owned, filepath.Join(root, "hardlink")))
+	must(filepath.Walk(root, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, shift, shift)
+	}))
+	must(os.Lchown(owned, shift+1000, shift+1000))
+	must(syscall.Chmod(su, 0o4755)) // chown cleared it
+	must(syscall.Chmod(sg, 0o2755))
+	must(syscall.Chmod(filepath.Join(root, "home"), 0o3775))
 
-	size, err := shiftOwnership(context.Background(), root, 100000)
+	size, err := finishTree(context.Background(), root, shift)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if size <= 0 {
 		t.Errorf("size = %d", size)
 	}
-	want := map[string]struct {
-		uid, gid uint32
-		mode     uint32
-	}{
-		"":             {100000, 100000, 0},
-		"usr/bin/su":   {100000, 100000, 0o4755},
-		"usr/bin/wall": {100000, 100005, 0o2755},
-		"home":         {100000, 100000, 0o2775},
-		"home/owned":   {101000, 101000, 0o600},
-		"hardlink":     {101000, 101000, 0o600}, // shifted once, not twice
-		"link":         {100000, 100000, 0},
-	}
-	for p, w := range want {
+	for p, mode := range map[string]uint32{
+		"usr/bin/su":   0o755,
+		"usr/bin/wall": 0o755,
+		"home":         0o1775, // the sticky bit stays; setgid on a directory goes too
+		"home/owned":   0o600,
+	} {
 		var st syscall.Stat_t
 		must(syscall.Lstat(filepath.Join(root, p), &st))
-		if st.Uid != w.uid || st.Gid != w.gid {
-			t.Errorf("%s: owner %d:%d, want %d:%d", p, st.Uid, st.Gid, w.uid, w.gid)
+		if st.Mode&0o7777 != mode {
+			t.Errorf("%s: mode %o, want %o", p, st.Mode&0o7777, mode)
 		}
-		if w.mode != 0 && st.Mode&0o7777 != w.mode {
-			t.Errorf("%s: mode %o, want %o", p, st.Mode&0o7777, w.mode)
-		}
+	}
+	if _, err := unix.Lgetxattr(ping, "security.capability", make([]byte, 64)); err != unix.ENODATA {
+		t.Errorf("the file capability is still there (%v)", err)
 	}
 	if target, err := os.Readlink(filepath.Join(root, "link")); err != nil || target != "/usr/bin/su" {
 		t.Errorf("symlink target %q, %v", target, err)
 	}
 
-	// An owner outside the mapped range would be unreachable from inside.
-	must(os.Chown(owned, 70000, 0))
-	if _, err := shiftOwnership(context.Background(), root, 100000); err == nil {
-		t.Error("an owner beyond 65535 was shifted")
+	// An owner outside the storage ids: not something a build made.
+	for _, uid := range []int{0, shift - 1, shift + 65536} {
+		must(os.Lchown(owned, uid, shift))
+		if _, err := finishTree(context.Background(), root, shift); err == nil {
+			t.Errorf("owner %d was accepted", uid)
+		}
+	}
+}
+
+// TestWriteInRoot: the host writes a spec's files into a rootfs without
+// running anything of it, and without following the rootfs's links out
+// of it, whatever the template planted.
+func TestWriteInRoot(t *testing.T) {
+	requiresRoot(t)
+	dir := t.TempDir()
+	rootfs := filepath.Join(dir, "rootfs")
+	outside := filepath.Join(dir, "outside")
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(rootfs, "usr/bin"), 0o755))
+	must(os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755))
+	must(os.Mkdir(outside, 0o755))
+	must(os.Symlink("usr/bin", filepath.Join(rootfs, "bin")))
+	// Links a hostile template could have planted: absolute and relative
+	// ones to the host, and a file linked to a host path.
+	must(os.Symlink(outside, filepath.Join(rootfs, "abs")))
+	must(os.Symlink("../../outside", filepath.Join(rootfs, "etc/rel")))
+	must(os.Symlink(filepath.Join(outside, "victim"), filepath.Join(rootfs, "etc/resolv.conf")))
+	must(os.Mkdir(filepath.Join(rootfs, "adir"), 0o755))
+	s := &Store{UIDShift: 100000}
+
+	must(s.writeInRoot(rootfs, "/bin/tool", []byte("#!/bin/sh\n"), 0o755))
+	must(s.writeInRoot(rootfs, "/etc/resolv.conf", []byte("nameserver 10.0.0.1\n"), 0o644))
+	must(s.writeInRoot(rootfs, "/new/deep/file", []byte("x"), 0o644))
+	for _, p := range []string{"/abs/escape", "/etc/rel/escape"} {
+		err := s.writeInRoot(rootfs, p, []byte("x"), 0o644)
+		if err == nil {
+			t.Errorf("%s: written", p)
+		}
+	}
+	if err := s.writeInRoot(rootfs, "/adir", []byte("x"), 0o644); err == nil {
+		t.Error("a directory was replaced by a file")
+	}
+	if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+		t.Errorf("files appeared outside the rootfs: %v", ents)
+	}
+	for p, want := range map[string]struct {
+		mode     os.FileMode
+		uid, gid uint32
+	}{
+		"usr/bin/tool":    {0o755, 100000, 100000},
+		"etc/resolv.conf": {0o644, 100000, 100000},
+		"new":             {0o755 | os.ModeDir, 100000, 100000},
+		"new/deep":        {0o755 | os.ModeDir, 100000, 100000},
+		"new/deep/file":   {0o644, 100000, 100000},
+	} {
+		fi, err := os.Lstat(filepath.Join(rootfs, p))
+		if err != nil {
+			t.Errorf("%s: %v", p, err)
+			continue
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if fi.Mode() != want.mode || st.Uid != want.uid || st.Gid != want.gid {
+			t.Errorf("%s: %v %d:%d, want %v %d:%d", p, fi.Mode(), st.Uid, st.Gid, want.mode, want.uid, want.gid)
+		}
 	}
 }
 

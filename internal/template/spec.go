@@ -88,7 +88,7 @@ const (
 	// BuilderVersion goes into every hash. Change it whenever the build
 	// recipe changes what ends up in a rootfs, so that old builds are not
 	// mistaken for new ones.
-	BuilderVersion = "sbx-template-builder/2"
+	BuilderVersion = "sbx-template-builder/3"
 
 	// Limits on what a spec may ask for: specs come from API users, and a
 	// spec is kept whole in memory, on disk and in every hash.

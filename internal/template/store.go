@@ -18,6 +18,13 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 )
 
+// ErrNotBuilt marks a tenant's template that has no build to start a
+// sandbox on. Such a template is built only by the registry's queue,
+// within its limits, never by a sandbox's start; the error that carries
+// this says why (building, failed, cancelled) and carries the errdefs
+// category too.
+var ErrNotBuilt = errors.New("the template is not built")
+
 // DefaultDir is where a store keeps its templates unless told otherwise.
 const DefaultDir = "/var/lib/sbx/templates"
 
@@ -42,6 +49,12 @@ type Store struct {
 	UIDShift uint32
 	// Log receives one record per build. Default: discard.
 	Log *slog.Logger
+	// Jobs runs the build's commands, each in a container (the OCI
+	// driver's RunJob). Without it the store builds nothing.
+	Jobs JobRunner
+	// MaxBuildBytes is the most a build's rootfs may take (its area, see
+	// area.go). Default: DefaultMaxBuildBytes.
+	MaxBuildBytes int64
 
 	mu    sync.Mutex
 	calls map[string]*call // builds in progress in this process, by hash
@@ -210,10 +223,8 @@ func (s *Store) finish(hash string, c *call) {
 // buildOnce builds spec under the build's lock, unless another process
 // built it while we waited for the lock.
 func (s *Store) buildOnce(ctx context.Context, spec Spec, hash string, progress io.Writer) (*Template, error) {
-	for _, d := range []string{"base", "builds", "names", "locks", "tmp"} {
-		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
-			return nil, err
-		}
+	if err := s.mkdirs("base", "builds", "names", "locks", "tmp"); err != nil {
+		return nil, err
 	}
 	lockPath := s.path("locks", hash+".lock")
 	lock, ok, err := tryLockFile(lockPath)
@@ -356,10 +367,10 @@ func (s *Store) setName(spec Spec, hash string) error {
 	if have, err := os.ReadFile(s.path("names", spec.Name)); err == nil && string(have) == string(want) {
 		return nil
 	}
-	if err := os.MkdirAll(s.path("names"), 0o755); err != nil {
+	if err := s.mkdirs("names"); err != nil {
 		return err
 	}
-	return writeFileAtomic(s.path("names", spec.Name), want, 0o644)
+	return writeFileAtomic(s.path("names", spec.Name), want, 0o600)
 }
 
 // List returns every build, with the names that point at it, ordered by
@@ -423,10 +434,8 @@ func (s *Store) Remove(ctx context.Context, hash string) error {
 	if err != nil {
 		return err
 	}
-	for _, d := range []string{"locks", "tmp"} {
-		if err := os.MkdirAll(s.path(d), 0o755); err != nil {
-			return err
-		}
+	if err := s.mkdirs("locks", "tmp"); err != nil {
+		return err
 	}
 	lock, err := lockFile(ctx, s.path("locks", full+".lock"))
 	if err != nil {
@@ -452,6 +461,26 @@ func (s *Store) Remove(ctx context.Context, hash string) error {
 		return err
 	}
 	return removeTree(tmp)
+}
+
+// mkdirs makes the store's directory and the named ones in it, all for
+// root's eyes only: specs hold tenants' env values, and nobody but sbx has
+// any business in a rootfs on the host (sandboxes reach theirs through
+// mounts the host makes). The store's own directory is made 0700 even if
+// it was there before.
+func (s *Store) mkdirs(names ...string) error {
+	if err := os.MkdirAll(s.dir(), 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(s.dir(), 0o700); err != nil {
+		return err
+	}
+	for _, d := range names {
+		if err := os.MkdirAll(s.path(d), 0o700); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func readJSON(path string, v any) error {

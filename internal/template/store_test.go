@@ -18,6 +18,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -41,8 +42,13 @@ func testStore(t testing.TB) *Store {
 	if dir == "" {
 		dir = DefaultDir
 	}
-	return NewStore(dir)
+	s := NewStore(dir)
+	s.Jobs = oci.NewJobRunner(oci.Config{StateDir: testStateDir})
+	return s
 }
+
+// testStateDir holds the runtime state of the tests' build jobs.
+const testStateDir = "/run/sbx-test-template"
 
 // uniqueSpec is a cheap spec (python3 only) that no earlier run has built:
 // for tests that need a build to happen.
@@ -146,9 +152,16 @@ func TestBuildPython(t *testing.T) {
 			t.Errorf("/%s: owner %d:%d (%v), want 100000:100000", f, st.Uid, st.Gid, err)
 		}
 	}
+	// Setuid files would do nothing in a sandbox (nosuid, no_new_privs)
+	// and are a way into every template for whoever runs them on the host.
 	var st syscall.Stat_t
-	if err := syscall.Stat(filepath.Join(root, "usr/bin/passwd"), &st); err != nil || st.Mode&syscall.S_ISUID == 0 {
-		t.Errorf("passwd lost its setuid bit: mode %o, %v", st.Mode, err)
+	if err := syscall.Stat(filepath.Join(root, "usr/bin/passwd"), &st); err != nil || st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+		t.Errorf("passwd: mode %o (%v), want no setuid bit", st.Mode, err)
+	}
+	for _, f := range []string{"spec.json", "build.json", "packages.txt"} {
+		if fi, err := os.Stat(filepath.Join(filepath.Dir(root), f)); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: %v (%v), want 0600: spec.json holds the tenant's env values", f, fi.Mode(), err)
+		}
 	}
 
 	// Known now: Lookup, Named, List, and a second Ensure that builds nothing.
@@ -340,6 +353,12 @@ func assertNothingLeft(t *testing.T, s *Store, hash string) {
 	if mps, err := mountsUnder(s.Dir); err != nil || len(mps) > 0 {
 		t.Errorf("mounts left under %s: %v (%v)", s.Dir, mps, err)
 	}
+	if jobs, _ := os.ReadDir(filepath.Join(testStateDir, "jobs")); len(jobs) > 0 {
+		t.Errorf("build jobs left in %s: %d", testStateDir, len(jobs))
+	}
+	if mps, err := mountsUnder(testStateDir); err != nil || len(mps) > 0 {
+		t.Errorf("mounts left under %s: %v (%v)", testStateDir, mps, err)
+	}
 }
 
 // TestBuildAllBuiltins builds every built-in (minutes and gigabytes on a
@@ -391,4 +410,25 @@ print(plt.get_backend())
 			}
 		})
 	}
+}
+
+// TestBuildStopsAtItsLimit: a build grows in an area of MaxBuildBytes and
+// fails where it passes it, not after it has written all it wanted; what
+// it wrote goes with it.
+func TestBuildStopsAtItsLimit(t *testing.T) {
+	requiresBuild(t)
+	s := testStore(t)
+	base, _ := Builtin("python")
+	if _, err := s.Ensure(context.Background(), base, testWriter{t}); err != nil {
+		t.Fatal(err) // the base layer, which the limited build copies
+	}
+	// python3 alone takes the rootfs from the base layer's ~85 MB to ~130.
+	s.MaxBuildBytes = 110 << 20
+	spec := uniqueSpec("sbx-test-limit")
+	_, err := s.Ensure(context.Background(), spec, testWriter{t})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "110 MiB") {
+		t.Fatalf("a build past its limit: %v; want ErrResourceExhausted naming the limit", err)
+	}
+	t.Logf("error (as expected): %v", err)
+	assertNothingLeft(t, s, spec.Hash())
 }

@@ -4,7 +4,6 @@
 package testenv
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,9 +141,20 @@ func (e *Env) Rootfs(t testing.TB, name string) string {
 		t.Skipf("template %s is not built and SBX_SKIP_BUILD_TESTS=1", name)
 	}
 	t.Logf("building template %s into %s (once per machine)", name, store.Dir)
-	tmpl, err := store.Ensure(context.Background(), spec, testWriter{t})
-	if err != nil {
+	// Through the CLI, whose builds run in containers of the OCI driver
+	// (which this package cannot import: the driver's own tests use it).
+	if filepath.Base(store.Dir) != "templates" {
+		t.Fatalf("SBX_TEST_TEMPLATE_DIR %q must end in /templates (sbx template build --data-dir DIR builds into DIR/templates)", store.Dir)
+	}
+	cmd := exec.Command(e.Sbx(t), "template", "build", name, "--data-dir", filepath.Dir(store.Dir))
+	cmd.Env = append(os.Environ(), "SBX_STATE_DIR="+filepath.Join(e.StateRoot, "build"))
+	cmd.Stdout, cmd.Stderr = testWriter{t}, testWriter{t}
+	if err := cmd.Run(); err != nil {
 		t.Fatalf("build template %s: %v", name, err)
+	}
+	tmpl, ok := store.Lookup(spec)
+	if !ok {
+		t.Fatalf("build template %s: built, but not found in %s", name, store.Dir)
 	}
 	return tmpl.Rootfs
 }

@@ -181,6 +181,31 @@ func (r *Registry) Resolve(ctx context.Context, tenant, name string) (template.S
 	return spec, err
 }
 
+// NotBuilt explains why the tenant's template name has no build a sandbox
+// can start on: 503 (ErrUnavailable, retry) while its build is queued or
+// running, with the build's id and where its log is; 409
+// (ErrFailedPrecondition) when its last build failed or was cancelled, or
+// its build is not on this server's disk. Sandboxes never build a
+// tenant's template themselves: only the queue does, within its limits.
+func (r *Registry) NotBuilt(ctx context.Context, tenant, name string) error {
+	rec, _, err := r.get(ctx, tenant, name)
+	if err != nil {
+		return fmt.Errorf("template %q has no build: %w: %w", name, template.ErrNotBuilt, errdefs.ErrFailedPrecondition)
+	}
+	rec = r.settle(ctx, tenant, name, rec)
+	b := rec.Build
+	switch {
+	case b.running():
+		return fmt.Errorf("template %q is building (build %s is %s): a session can start on it once it is ready; GET /api/v1/templates/%s/builds/%s/logs follows the build: %w: %w",
+			name, b.BuildID, b.Status, name, b.BuildID, template.ErrNotBuilt, errdefs.ErrUnavailable)
+	case b.Status == api.TemplateReady:
+		return fmt.Errorf("template %q: its build %s is not on this server; post the spec again to rebuild it: %w: %w", name, b.BuildID, template.ErrNotBuilt, errdefs.ErrFailedPrecondition)
+	default:
+		return fmt.Errorf("template %q has no build to start a session on: its last build (%s) is %s (%s): %w: %w",
+			name, b.BuildID, b.Status, b.Error, template.ErrNotBuilt, errdefs.ErrFailedPrecondition)
+	}
+}
+
 // get reads a tenant's template record.
 func (r *Registry) get(ctx context.Context, tenant, name string) (*record, *store.Document, error) {
 	d, err := r.cfg.Store.GetDocument(ctx, Kind, tenant, name)
