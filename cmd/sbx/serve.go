@@ -81,6 +81,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		llmTurns   = fs.Int("llm-history-turns", chat.DefaultHistoryTurns, "last turns a chat's history keeps whole; older ones the model summarizes")
 		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
 		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
+		metricsTok = fs.String("metrics-token", "", "the `TOKEN` GET /metrics asks for as Authorization: Bearer TOKEN; with API keys it is required (an API key gets 403: the metrics name every tenant) (env SBX_METRICS_TOKEN, better: every user of the machine sees a command line)")
 		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
@@ -114,6 +115,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := app.CheckAddr(*addr, keys); err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 2
+	}
+	if *metricsTok == "" {
+		*metricsTok = os.Getenv("SBX_METRICS_TOKEN")
+	}
+	if err := server.CheckMetricsToken(*metricsTok, keys); err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	if len(keys) > 0 && *metricsTok == "" {
+		log.Warn("API keys but no --metrics-token (SBX_METRICS_TOKEN): GET /metrics answers no one")
 	}
 	if len(keys) == 0 {
 		log.Warn("no API keys configured: listening on loopback only; every request is tenant \"default\"")
@@ -183,7 +194,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := app.Open(ctx, app.Config{
-		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, Prebuild: templates, Log: log,
+		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,

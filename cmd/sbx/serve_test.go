@@ -44,3 +44,19 @@ func TestLLMFlags(t *testing.T) {
 		t.Errorf("usage: %s", out.String())
 	}
 }
+
+// A metrics token that is also an API key would let that key's tenant
+// read every tenant's usage: serve refuses it before opening anything.
+func TestMetricsTokenFlag(t *testing.T) {
+	t.Setenv("SBX_METRICS_TOKEN", "")
+	var out bytes.Buffer
+	code := serve(context.Background(), []string{"--api-key", "shared-key-1:alpha", "--metrics-token", "shared-key-1"}, &out, &out)
+	if code != 2 || !strings.Contains(out.String(), "also an API key") {
+		t.Errorf("a metrics token that is an API key: exit %d: %s", code, out.String())
+	}
+	t.Setenv("SBX_METRICS_TOKEN", "short")
+	out.Reset()
+	if code := serve(context.Background(), []string{"--api-key", "shared-key-1:alpha"}, &out, &out); code != 2 || !strings.Contains(out.String(), "metrics token") {
+		t.Errorf("a short SBX_METRICS_TOKEN: exit %d: %s", code, out.String())
+	}
+}

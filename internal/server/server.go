@@ -57,7 +57,10 @@ type Options struct {
 	// (0: DefaultPresignMaxBytes): a presign reads and hashes all of it.
 	PresignMaxBytes int64
 	Metrics         *Metrics
-	Log             *slog.Logger
+	// MetricsToken is the credential GET /metrics asks for (metrics_auth.go);
+	// "" with Keys: no one reads /metrics.
+	MetricsToken string
+	Log          *slog.Logger
 	// Version is the server's version, as the MCP server tells clients.
 	Version string
 	// Ready reports whether the server can take work (for /readyz): each
@@ -83,6 +86,8 @@ type Server struct {
 	log *slog.Logger
 	mux *http.ServeMux
 	e2b http.Handler // the E2B-compatible APIs (e2b.go)
+	// metricsHandler writes the Prometheus text of opt.Metrics.
+	metricsHandler http.Handler
 	// shutdown is closed when the HTTP server shuts down: streams that
 	// would go on for ever end then.
 	shutdown     chan struct{}
@@ -106,6 +111,7 @@ func New(opt Options) *Server {
 		opt.EventPoll = DefaultEventPoll
 	}
 	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[string]int{}}
+	s.metricsHandler = opt.Metrics.Handler()
 	s.routes()
 	s.e2b = s.newE2B()
 	return s
@@ -170,7 +176,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET "+p+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", s.opt.Metrics.Handler())
+	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
 	// The web console: public static files; every call the page
 	// makes goes to the API above with the key the user gives it.
 	s.mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))
