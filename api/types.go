@@ -398,6 +398,9 @@ const (
 	// ChatErrHistory: the conversation's history could not be read or
 	// kept.
 	ChatErrHistory = "history_error"
+	// ChatErrBudget: the tenant's model tokens (--limits chat_tokens) ran
+	// out during the turn.
+	ChatErrBudget = "budget_exceeded"
 )
 
 // ChatDone ends a chat's stream.

@@ -303,6 +303,12 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Builds: cfg.TemplateBuilds, LogDir: filepath.Join(cfg.DataDir, "template-logs"), Log: log,
 		MaxResources: session.CapResources(cfg.MaxResources),
 	})
+	limitsOf := func(tenant string) session.Limits {
+		if l, ok := cfg.TenantLimits[tenant]; ok {
+			return l
+		}
+		return cfg.Limits
+	}
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Resolve: reg.Resolve, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
@@ -315,14 +321,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Replica:        sessionReplica,
 		Alive:          isAlive,
 		Leader:         leader.held,
-		Limits: func(tenant string) session.Limits {
-			if l, ok := cfg.TenantLimits[tenant]; ok {
-				return l
-			}
-			return cfg.Limits
-		},
-		MaxResources: cfg.MaxResources,
-		Publish:      publish,
+		Limits:         limitsOf,
+		MaxResources:   cfg.MaxResources,
+		Publish:        publish,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)
@@ -374,7 +375,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	sampler.Start()
 	srv := server.New(server.Options{
-		Chat:  chatLoop,
+		Chat: chatLoop, Limits: limitsOf,
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, MetricsToken: cfg.MetricsToken, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Events: evlog, EventPoll: cfg.Events.Poll, Webhooks: hooks,

@@ -39,6 +39,15 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // submit runs an execute request in a session and answers as execute
 // does.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request, sessionID string, req api.ExecuteRequest, wait bool) {
+	if wantsEventStream(r) || wait {
+		// Counted before the submit: a refused stream runs nothing.
+		release, err := s.openStream(tenant(r), execStreams)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		defer release()
+	}
 	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), sessionID, req)
 	if err != nil {
 		s.writeError(w, r, err)
@@ -213,6 +222,12 @@ func (s *Server) getResult(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	release, err := s.openStream(tenant(r), execStreams)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout*float64(time.Second)))
 	defer cancel()
 	x, err := s.opt.Executions.Wait(ctx, tenant(r), id)

@@ -46,6 +46,9 @@ type Options struct {
 	// Usage samples the sandboxes this process holds: the
 	// sessions' metrics and E2B's getMetrics. Nil: neither is available.
 	Usage *usage.Sampler
+	// Limits are the tenant's limits (session.Limits): the server keeps
+	// Streams, Chats and ChatTokens. Nil: no bound.
+	Limits func(tenant string) session.Limits
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -93,9 +96,11 @@ type Server struct {
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 
-	// streams counts each tenant's open event streams (MaxEventStreams).
+	// streams counts each tenant's open streams of each kind (streams.go).
 	streamsMu sync.Mutex
-	streams   map[string]int
+	streams   map[streamKey]int
+	// budgets are the tenants' chat tokens (chatbudget.go).
+	budgets chatBudgets
 }
 
 // New returns the server; Handler is what to serve.
@@ -110,8 +115,9 @@ func New(opt Options) *Server {
 	if opt.EventPoll <= 0 {
 		opt.EventPoll = DefaultEventPoll
 	}
-	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[string]int{}}
+	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[streamKey]int{}}
 	s.metricsHandler = opt.Metrics.Handler()
+	s.budgets = chatBudgets{buckets: map[string]*bucket{}, now: time.Now}
 	s.routes()
 	s.e2b = s.newE2B()
 	return s
