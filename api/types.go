@@ -331,7 +331,8 @@ type ChatRequest struct {
 	// System replaces the server's system prompt for this turn (it is not
 	// kept in the conversation's history).
 	System string `json:"system,omitempty"`
-	// Model replaces the server's model (--llm-model) for this turn.
+	// Model replaces the server's model (--llm-model) for this turn: one
+	// of the models it offers (--llm-models), else 400.
 	Model string `json:"model,omitempty"`
 }
 
