@@ -33,21 +33,28 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	release, err := s.holdExecution(r, wait)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	s.submit(w, r, r.PathValue("session_id"), req, wait)
+}
+
+// holdExecution counts an execute request that stays open (streamed or
+// ?wait=true) against the tenant's streams, before anything is made or
+// submitted: a refused one runs nothing.
+func (s *Server) holdExecution(r *http.Request, wait bool) (release func(), err error) {
+	if !wantsEventStream(r) && !wait {
+		return func() {}, nil
+	}
+	return s.openStream(tenant(r), execStreams)
 }
 
 // submit runs an execute request in a session and answers as execute
 // does.
 func (s *Server) submit(w http.ResponseWriter, r *http.Request, sessionID string, req api.ExecuteRequest, wait bool) {
-	if wantsEventStream(r) || wait {
-		// Counted before the submit: a refused stream runs nothing.
-		release, err := s.openStream(tenant(r), execStreams)
-		if err != nil {
-			s.writeError(w, r, err)
-			return
-		}
-		defer release()
-	}
 	run, err := s.opt.Executions.Submit(r.Context(), tenant(r), sessionID, req)
 	if err != nil {
 		s.writeError(w, r, err)

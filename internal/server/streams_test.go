@@ -165,7 +165,7 @@ func TestStreamCaps(t *testing.T) {
 				}
 				held = append(held, release)
 			}
-			executions := len(listExecutions(t, ts, alpha))
+			executions, sessions := len(listExecutions(t, ts, alpha)), countSessions(t, ts, alpha)
 			calls := len(llm.Requests())
 			code, body, _ := openAt(t, base, false, c.method, c.path, c.ctype, []byte(c.body), c.hdr...)
 			if code != http.StatusTooManyRequests || !strings.Contains(body, "limit "+c.limitName) {
@@ -173,6 +173,9 @@ func TestStreamCaps(t *testing.T) {
 			}
 			if n := len(listExecutions(t, ts, alpha)); n != executions {
 				t.Errorf("a refused request submitted an execution (%d, were %d)", n, executions)
+			}
+			if n := countSessions(t, ts, alpha); n != sessions {
+				t.Errorf("a refused request made a session (%d, were %d)", n, sessions)
 			}
 			if n := len(llm.Requests()); n != calls {
 				t.Errorf("a refused chat turn called the model")
@@ -222,6 +225,17 @@ func listExecutions(t *testing.T, ts *testServer, hdr []string) []string {
 		out = append(out, x.ExecutionID)
 	}
 	return out
+}
+
+// countSessions is how many sessions the tenant has.
+func countSessions(t *testing.T, ts *testServer, hdr []string) int {
+	t.Helper()
+	code, body, _ := ts.open(t, false, "GET", "/api/v1/sessions", "", nil, hdr...)
+	var list api.SessionList
+	if code != http.StatusOK || json.Unmarshal([]byte(body), &list) != nil {
+		t.Fatalf("sessions: %d %s", code, body)
+	}
+	return len(list.Sessions)
 }
 
 // envelope is a Connect streaming request's one message.
