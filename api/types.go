@@ -338,7 +338,8 @@ type ChatRequest struct {
 	// System replaces the server's system prompt for this turn (it is not
 	// kept in the conversation's history).
 	System string `json:"system,omitempty"`
-	// Model replaces the server's model (--llm-model) for this turn.
+	// Model replaces the server's model (--llm-model) for this turn: one
+	// of the models it offers (--llm-models), else 400.
 	Model string `json:"model,omitempty"`
 }
 
@@ -405,6 +406,9 @@ const (
 	// ChatErrHistory: the conversation's history could not be read or
 	// kept.
 	ChatErrHistory = "history_error"
+	// ChatErrBudget: the tenant's model tokens (--limits chat_tokens) ran
+	// out during the turn.
+	ChatErrBudget = "budget_exceeded"
 )
 
 // ChatDone ends a chat's stream.

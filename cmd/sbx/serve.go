@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -57,7 +58,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		hibern     = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
 		ttl        = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
 		maxSbx     = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies); 0 is no bound (env SBX_LIMITS)")
+		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies), streams (requests held open, of each kind), chats (chat turns at once), chat_tokens (model tokens an hour, K or M); 0 is no bound (env SBX_LIMITS)")
 		sessMax    = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
 		hdrTime    = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
 		connIdle   = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")
@@ -75,12 +76,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		metricsInt = fs.Duration("metrics-interval", sbxusage.DefaultInterval, "how often each sandbox's CPU, memory, disk and processes are sampled (GET /api/v1/sessions/ID/metrics, /metrics)")
 		metricsKep = fs.Duration("metrics-history", sbxusage.DefaultKeep, "how far back each session's samples go")
 		llmURL     = fs.String("llm-base-url", os.Getenv("SBX_LLM_BASE_URL"), "the chat loop's OpenAI-compatible chat-completions endpoint, as the `URL` chat/completions is under (http://127.0.0.1:8000/v1; env SBX_LLM_BASE_URL); none: POST /agents/{id}/chat is 503")
-		llmModel   = fs.String("llm-model", os.Getenv("SBX_LLM_MODEL"), "the chat loop's model, unless a request names one (env SBX_LLM_MODEL)")
+		llmModel   = fs.String("llm-model", os.Getenv("SBX_LLM_MODEL"), "the chat loop's model, unless a request names one (env SBX_LLM_MODEL; default: the first of --llm-models)")
+		llmModels  = fs.String("llm-models", os.Getenv("SBX_LLM_MODELS"), "comma-separated `models` a chat request may name, all paid with --llm-api-key; others are 400 (env SBX_LLM_MODELS; default: --llm-model alone)")
 		llmKey     = fs.String("llm-api-key", "", "API key for the chat loop's endpoint (env SBX_LLM_API_KEY, better: every user of the machine sees a command line)")
 		llmSteps   = fs.Int("llm-max-steps", chat.DefaultMaxSteps, "most model calls of one chat turn; a model still calling tools at the last one ends the turn (env SBX_LLM_MAX_STEPS)")
 		llmTurns   = fs.Int("llm-history-turns", chat.DefaultHistoryTurns, "last turns a chat's history keeps whole; older ones the model summarizes")
 		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
 		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
+		metricsTok = fs.String("metrics-token", "", "the `TOKEN` GET /metrics asks for as Authorization: Bearer TOKEN; with API keys it is required (an API key gets 403: the metrics name every tenant) (env SBX_METRICS_TOKEN, better: every user of the machine sees a command line)")
 		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
@@ -114,6 +117,16 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err := app.CheckAddr(*addr, keys); err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 2
+	}
+	if *metricsTok == "" {
+		*metricsTok = os.Getenv("SBX_METRICS_TOKEN")
+	}
+	if err := server.CheckMetricsToken(*metricsTok, keys); err != nil {
+		fmt.Fprintln(stderr, "sbx serve:", err)
+		return 2
+	}
+	if len(keys) > 0 && *metricsTok == "" {
+		log.Warn("API keys but no --metrics-token (SBX_METRICS_TOKEN): GET /metrics answers no one")
 	}
 	if len(keys) == 0 {
 		log.Warn("no API keys configured: listening on loopback only; every request is tenant \"default\"")
@@ -152,14 +165,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if maxRes.Memory == 0 {
 		maxRes.Memory = physicalMemoryMB()
 	}
-	llm, err := llmConfig(fs, *llmURL, *llmModel, *llmKey, *llmSteps, *llmTurns, *llmTokens)
+	llm, err := llmConfig(fs, *llmURL, *llmModel, *llmModels, *llmKey, *llmSteps, *llmTurns, *llmTokens)
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve:", err)
 		return 2
 	}
+	if llm.BaseURL != "" && len(keys) > 0 && lim.ChatTokens == 0 {
+		log.Warn("the chat loop has no token budget: every tenant may spend as many of the model's tokens as it likes on --llm-api-key; set --limits chat_tokens=N")
+	}
 	if llm.BaseURL != "" {
 		u, _ := url.Parse(llm.BaseURL)
-		log.Info("chat loop", "llm_base_url", u.Redacted(), "llm_model", llm.Model, "llm_api_key", llm.APIKey != "", "llm_max_steps", llm.MaxSteps)
+		log.Info("chat loop", "llm_base_url", u.Redacted(), "llm_model", llm.Model, "llm_models", llm.Models, "llm_api_key", llm.APIKey != "", "llm_max_steps", llm.MaxSteps)
 	}
 	// Traces (issue 15) are on when OTEL_EXPORTER_OTLP_ENDPOINT says
 	// where to send them; flushed after the app has closed, whose
@@ -183,7 +199,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := app.Open(ctx, app.Config{
-		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, Prebuild: templates, Log: log,
+		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
@@ -214,16 +230,19 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // defaultLimits bound every tenant unless told otherwise: enough sessions
 // for any one agent platform's users, and a history per session that
-// holds a long conversation's runs. The rest (sandboxes, memory, CPU,
+// holds a long conversation's runs. Streams held open (each a goroutine
+// and a connection; event streams poll the store) and chat turns at once
+// (each a model call on the operator's key) are bounded; the chat's
+// tokens are not, as what is dear depends on the model. The rest (sandboxes, memory, CPU,
 // disk) is unbounded by default: set them for several tenants. What a
 // tenant keeps in the blob store is bounded, so that no tenant fills the
 // disk the others keep their snapshots on.
-const defaultLimits = "sessions=10000,history=1000,snapshots=32,stored=20G"
+const defaultLimits = "sessions=10000,history=1000,snapshots=32,stored=20G,streams=64,chats=8"
 
 // llmConfig is the chat loop's endpoint (R-33) from the --llm-* flags
 // and their SBX_LLM_* variables. The key is never logged nor shown as a
 // flag's default.
-func llmConfig(fs *flag.FlagSet, baseURL, model, key string, steps, turns, tokens int) (chat.Config, error) {
+func llmConfig(fs *flag.FlagSet, baseURL, model, models, key string, steps, turns, tokens int) (chat.Config, error) {
 	if key == "" {
 		key = os.Getenv("SBX_LLM_API_KEY")
 	}
@@ -241,15 +260,26 @@ func llmConfig(fs *flag.FlagSet, baseURL, model, key string, steps, turns, token
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return chat.Config{}, fmt.Errorf("--llm-base-url %q: want http(s)://HOST[:PORT]/PATH, the URL chat/completions is under", baseURL)
 	}
+	var offered []string
+	for _, m := range strings.Split(models, ",") {
+		if m = strings.TrimSpace(m); m != "" && !slices.Contains(offered, m) {
+			offered = append(offered, m)
+		}
+	}
+	if model == "" && len(offered) > 0 {
+		model = offered[0]
+	}
 	switch {
 	case model == "":
 		return chat.Config{}, fmt.Errorf("--llm-base-url needs --llm-model (or SBX_LLM_MODEL): the model a chat uses unless its request names one")
+	case len(offered) > 0 && !slices.Contains(offered, model):
+		return chat.Config{}, fmt.Errorf("--llm-model %q is not one of --llm-models (%s): a request that names no model gets it", model, strings.Join(offered, ", "))
 	case steps < 1 || steps > 100:
 		return chat.Config{}, fmt.Errorf("--llm-max-steps %d: want 1..100", steps)
 	case turns < 1 || tokens < 1000:
 		return chat.Config{}, fmt.Errorf("--llm-history-turns must be at least 1 and --llm-history-tokens at least 1000")
 	}
-	return chat.Config{BaseURL: baseURL, Model: model, APIKey: key, MaxSteps: steps, HistoryTurns: turns, HistoryTokens: tokens}, nil
+	return chat.Config{BaseURL: baseURL, Model: model, Models: offered, APIKey: key, MaxSteps: steps, HistoryTurns: turns, HistoryTokens: tokens}, nil
 }
 
 // flagSet reports whether the flag name was given on the command line.

@@ -90,11 +90,18 @@ func exportedSeries(t *testing.T) map[string]string {
 	t.Helper()
 	mgr := session.New(session.Options{Pools: map[string]int{"python": 1}}) // never started
 	t.Cleanup(mgr.Close)
-	srv := server.New(server.Options{Store: countingStore{}, Sessions: mgr, Log: slog.New(slog.DiscardHandler)})
+	// A server with API keys, scraped as Prometheus does it there: with
+	// the metrics token (README: Metrics).
+	keys, err := server.ParseKeys([]string{"tenant-key-123:t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const token = "metrics-token-0123"
+	srv := server.New(server.Options{Store: countingStore{}, Sessions: mgr, Keys: keys, MetricsToken: token, Log: slog.New(slog.DiscardHandler)})
 	h := srv.Handler()
 	get := func(path string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, path, nil)
-		r.Host = "127.0.0.1" // the server refuses other hosts without API keys
+		r.Header.Set("Authorization", "Bearer "+token)
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, r)
 		return rec

@@ -64,6 +64,9 @@ type Config struct {
 	// authentication, loopback only, everything belongs to tenant
 	// "default".
 	Keys server.Keys
+	// MetricsToken is what GET /metrics asks for (server.Options). None:
+	// with Keys, no one reads it; without, it is open (loopback only).
+	MetricsToken string
 	// Prebuild names templates to build in the background at start, so
 	// that the first session of each does not wait for it.
 	Prebuild []string
@@ -197,6 +200,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		cfg.Log = slog.Default()
 	}
 	log := cfg.Log
+	if err := server.CheckMetricsToken(cfg.MetricsToken, cfg.Keys); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
 		return nil, err
 	}
@@ -299,6 +305,12 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Builds: cfg.TemplateBuilds, LogDir: filepath.Join(cfg.DataDir, "template-logs"), Log: log,
 		MaxResources: session.CapResources(cfg.MaxResources),
 	})
+	limitsOf := func(tenant string) session.Limits {
+		if l, ok := cfg.TenantLimits[tenant]; ok {
+			return l
+		}
+		return cfg.Limits
+	}
 	mgr := session.New(session.Options{
 		Store: st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
@@ -311,14 +323,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Replica:        sessionReplica,
 		Alive:          isAlive,
 		Leader:         leader.held,
-		Limits: func(tenant string) session.Limits {
-			if l, ok := cfg.TenantLimits[tenant]; ok {
-				return l
-			}
-			return cfg.Limits
-		},
-		MaxResources: cfg.MaxResources,
-		Publish:      publish,
+		Limits:         limitsOf,
+		MaxResources:   cfg.MaxResources,
+		Publish:        publish,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)
@@ -370,9 +377,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	sampler.Start()
 	srv := server.New(server.Options{
-		Chat:  chatLoop,
+		Chat: chatLoop, Limits: limitsOf,
 		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
-		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, Log: log, Version: cfg.Version, Edge: cfg.Edge,
+		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, MetricsToken: cfg.MetricsToken, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Events: evlog, EventPoll: cfg.Events.Poll, Webhooks: hooks,
 		Ready: func() map[string]error {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -26,6 +27,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -43,6 +45,9 @@ type Config struct {
 	BaseURL string
 	// Model is the model asked for when a request names none. Required.
 	Model string
+	// Models are the models a request may name, all on the operator's
+	// key (default: Model alone); Model must be one of them.
+	Models []string
 	// APIKey is sent as Authorization: Bearer KEY ("": no header). It is
 	// never logged.
 	APIKey string
@@ -91,6 +96,12 @@ func New(cfg Config, docs Documents) (*Chat, error) {
 	if cfg.BaseURL == "" || cfg.Model == "" {
 		return nil, errors.New("chat: the model endpoint needs a base URL and a model")
 	}
+	if len(cfg.Models) == 0 {
+		cfg.Models = []string{cfg.Model}
+	}
+	if !slices.Contains(cfg.Models, cfg.Model) {
+		return nil, fmt.Errorf("chat: the default model %q is not one of the models offered (%s)", cfg.Model, strings.Join(cfg.Models, ", "))
+	}
 	if cfg.MaxSteps <= 0 {
 		cfg.MaxSteps = DefaultMaxSteps
 	}
@@ -121,6 +132,31 @@ func New(cfg Config, docs Documents) (*Chat, error) {
 	return &Chat{cfg: cfg, llm: openai.NewChatCompletionService(opts...), docs: docs, log: cfg.Log}, nil
 }
 
+// Model is the model a request naming name gets: the default for "",
+// else name if the operator offers it. Any other is refused before the
+// endpoint is called: every call is paid with the operator's key, and a
+// tenant must not choose the dearest model.
+func (c *Chat) Model(name string) (string, error) {
+	if name == "" {
+		return c.cfg.Model, nil
+	}
+	if !slices.Contains(c.cfg.Models, name) {
+		return "", fmt.Errorf("model %q is not offered by this server; the models are %s: %w", cut(name, 100), strings.Join(c.cfg.Models, ", "), errdefs.ErrInvalidArgument)
+	}
+	return name, nil
+}
+
+// Meter is what a turn may spend of its tenant's model tokens.
+type Meter interface {
+	// Allow is asked before each model call of the turn: an error ends
+	// the turn with budget_exceeded, its message shown to the user.
+	Allow() error
+	// Use is told the tokens of each model call (the summary of the
+	// history included): as the endpoint counted them, or, when it said
+	// nothing, estimated as the bytes sent and received / 4.
+	Use(tokens int64)
+}
+
 // Tools are the tools a model may call in a turn.
 type Tools interface {
 	// List is their definitions, in the OpenAI function-calling shape.
@@ -141,8 +177,15 @@ type Request struct {
 	SessionID string
 	Message   string
 	// System and Model replace the default system prompt and the
-	// configured model for this turn.
+	// configured model for this turn (Model: one of Config.Models; see
+	// Chat.Model).
 	System, Model string
+	// RequestID names the request in the server's log, where the details
+	// of a failed model call go: the user is told the id, never what the
+	// endpoint said.
+	RequestID string
+	// Meter, if set, bounds the tokens the turn may use.
+	Meter Meter
 }
 
 // Event is one event of a turn: its name (api.ChatEvent*) and its data
@@ -181,6 +224,9 @@ func (c *Chat) Run(ctx context.Context, req Request, tools Tools, emit func(Even
 	t := &turn{c: c, req: req, tools: tools, emit: emit, model: req.Model}
 	if t.model == "" {
 		t.model = c.cfg.Model
+	}
+	if req.Meter != nil {
+		ctx = context.WithValue(ctx, meterKey{}, req.Meter)
 	}
 	t.run(ctx)
 	done := api.ChatDone{SessionID: req.SessionID, ConversationID: req.ConversationID, Steps: t.steps}
@@ -226,6 +272,12 @@ func (t *turn) run(ctx context.Context) {
 	}
 	params := toolParams(defs)
 	for {
+		if m := t.req.Meter; m != nil {
+			if err := m.Allow(); err != nil {
+				t.fail(api.ChatErrBudget, "%v", err)
+				return
+			}
+		}
 		t.steps++
 		res, err := t.c.step(ctx, t.model, t.c.prompt(t.req.System, conv, t.msgs), params, func(text string) {
 			t.emit(Event{api.ChatEventDelta, api.ChatDelta{Text: text}})
@@ -233,8 +285,14 @@ func (t *turn) run(ctx context.Context) {
 		t.usage = addUsage(t.usage, res.usage)
 		if err != nil {
 			if ctx.Err() == nil {
-				t.c.log.Warn("chat: model call failed", "tenant", t.req.Tenant, "model", t.model, "step", t.steps, "err", err)
-				t.fail(api.ChatErrLLM, "%s", llmError(err))
+				// The endpoint's words and its URL stay in the log: they
+				// may name the operator's hosts, accounts or key.
+				t.c.log.Warn("chat: model call failed", "request_id", t.req.RequestID, "tenant", t.req.Tenant, "model", t.model, "step", t.steps, "err", llmDetail(err))
+				msg := llmError(err)
+				if t.req.RequestID != "" {
+					msg += " (request " + t.req.RequestID + "; the server log has the details)"
+				}
+				t.fail(api.ChatErrLLM, "%s", msg)
 			}
 			return
 		}
@@ -334,4 +392,25 @@ func cut(s string, n int) string {
 		i--
 	}
 	return fmt.Sprintf("%s\n[... %d more bytes not shown]", s[:i], len(s)-i)
+}
+
+// meterKey holds a turn's Meter in its context, for the model calls of
+// the history's summary too.
+type meterKey struct{}
+
+// use tells the turn's meter, if any, what a model call used: its usage,
+// or, when the endpoint counted nothing, its bytes sent and received / 4.
+func use(ctx context.Context, u api.ChatUsage, sent, received int) {
+	m, _ := ctx.Value(meterKey{}).(Meter)
+	if m == nil {
+		return
+	}
+	n := u.TotalTokens
+	if n <= 0 {
+		n = u.PromptTokens + u.CompletionTokens
+	}
+	if n <= 0 {
+		n = int64(sent+received)/4 + 1
+	}
+	m.Use(n)
 }

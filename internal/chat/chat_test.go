@@ -292,18 +292,23 @@ func TestLLMErrors(t *testing.T) {
 		want    string
 		notWant string
 	}{
-		{"500", []chattest.Reply{{Status: 500, Message: "the GPU caught fire"}}, "500 Internal Server Error: the GPU caught fire", ""},
+		// The endpoint's words are never relayed: they may name the
+		// operator's hosts and accounts, or quote part of its key.
+		{"500", []chattest.Reply{{Status: 500, Message: "the GPU caught fire at http://10.1.2.3:8000/internal"}}, "500 Internal Server Error (request req-1;", "GPU"},
 		{"401", []chattest.Reply{{Status: 401, Message: "Incorrect API key provided: sk-te****-key"}}, "401 Unauthorized: it refused the server's API key", "sk-te"},
-		{"cut", []chattest.Reply{{Text: "Hello there, I am", CutAfter: 3}}, "could not be reached, or its stream broke off", ""},
+		{"cut", []chattest.Reply{{Text: "Hello there, I am", CutAfter: 3}}, "could not be reached, or its stream broke off (request req-1;", "127.0.0.1"},
+		{"dropped", []chattest.Reply{{Drop: true}}, "could not be reached, or its stream broke off (request req-1;", "127.0.0.1"},
 		{"ended", []chattest.Reply{{Text: "Hello there, I am", EndAfter: 3}}, "no finish_reason", ""},
 		{"no finish", []chattest.Reply{{Text: "Hello", NoFinish: true}}, "no finish_reason", ""},
-		{"stream error", []chattest.Reply{{Text: "Hello", StreamError: "overloaded"}}, "error in its stream: overloaded", ""},
-		{"after a tool", []chattest.Reply{{ToolCalls: []chattest.ToolCall{{ID: "x", Name: "read_file", Arguments: `{"path":"a"}`}}}, {Status: 503, Message: "try later"}}, "503 Service Unavailable: try later", ""},
+		{"stream error", []chattest.Reply{{Text: "Hello", StreamError: "overloaded on node gpu-7.internal"}}, "error in its stream (request req-1;", "gpu-7"},
+		{"after a tool", []chattest.Reply{{ToolCalls: []chattest.ToolCall{{ID: "x", Name: "read_file", Arguments: `{"path":"a"}`}}}, {Status: 503, Message: "try later"}}, "503 Service Unavailable (request req-1;", "try later"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := chattest.New(t, tc.replies...)
 			st := openStore(t)
-			evs := run(context.Background(), newChat(t, srv, st), request("hi"), &fakeTools{})
+			req := request("hi")
+			req.RequestID = "req-1"
+			evs := run(context.Background(), newChat(t, srv, st), req, &fakeTools{})
 			if n := len(evs); n < 2 || evs[n-2].Name != api.ChatEventError || evs[n-1].Name != api.ChatEventDone {
 				t.Fatalf("events %q, want error and done last", names(evs))
 			}
@@ -554,5 +559,107 @@ func TestKey(t *testing.T) {
 	}
 	if _, err := chat.Key("", "a", "c"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("no user: %v", err)
+	}
+}
+
+// TestModels: a request may name only a model the operator offers; none
+// is the default, which must be offered.
+func TestModels(t *testing.T) {
+	srv := chattest.New(t)
+	c := newChat(t, srv, openStore(t), func(c *chat.Config) { c.Model, c.Models = "small", []string{"small", "medium"} })
+	for name, want := range map[string]string{"": "small", "small": "small", "medium": "medium"} {
+		if got, err := c.Model(name); err != nil || got != want {
+			t.Errorf("Model(%q) = %q, %v; want %q", name, got, err, want)
+		}
+	}
+	if _, err := c.Model("gpt-huge"); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "small, medium") {
+		t.Errorf("a model not offered: %v, want invalid argument naming the models", err)
+	}
+	// Only Model: it alone.
+	if _, err := newChat(t, srv, openStore(t)).Model("other"); err == nil {
+		t.Error("a model other than the only one was accepted")
+	}
+	if _, err := chat.New(chat.Config{BaseURL: srv.BaseURL(), Model: "large", Models: []string{"small"}}, openStore(t)); err == nil {
+		t.Error("a default model that is not offered was accepted")
+	}
+	if len(srv.Requests()) != 0 {
+		t.Errorf("the endpoint was called %d times", len(srv.Requests()))
+	}
+}
+
+// meter is a chat.Meter that records what it is told and refuses once
+// it has been told more than limit.
+type meter struct {
+	mu    sync.Mutex
+	limit int64
+	used  []int64
+}
+
+func (m *meter) Allow() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var sum int64
+	for _, n := range m.used {
+		sum += n
+	}
+	if sum >= m.limit {
+		return fmt.Errorf("the tenant's tokens are spent (%d of %d)", sum, m.limit)
+	}
+	return nil
+}
+
+func (m *meter) Use(n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.used = append(m.used, n)
+}
+
+func (m *meter) uses() []int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]int64(nil), m.used...)
+}
+
+// TestMeter: every model call of a turn is counted, as the endpoint
+// reported it or, when it reported nothing, estimated from the bytes; a
+// meter that refuses ends the turn before the next call.
+func TestMeter(t *testing.T) {
+	call := chattest.Reply{ToolCalls: []chattest.ToolCall{{ID: "x", Name: "read_file", Arguments: `{"path":"a"}`}}, Usage: 700}
+	srv := chattest.New(t, call, chattest.Reply{Text: "done", NoUsage: true})
+	m := &meter{limit: 1 << 40}
+	req := request("hi")
+	req.Meter = m
+	evs := run(context.Background(), newChat(t, srv, openStore(t)), req, &fakeTools{})
+	if got := names(evs); got != "tool_call tool_result delta message done" {
+		t.Fatalf("events %q", got)
+	}
+	u := m.uses()
+	// The second call sent at least the first's prompt (its system
+	// prompt alone is over 400 bytes): an estimate of a hundred tokens
+	// and more.
+	if len(u) != 2 || u[0] != 700 || u[1] < 100 {
+		t.Errorf("counted %v, want 700 as reported, then an estimate", u)
+	}
+
+	// A meter already full: the turn ends before any call.
+	srv = chattest.New(t)
+	req.Meter = &meter{limit: 0}
+	evs = run(context.Background(), newChat(t, srv, openStore(t)), req, &fakeTools{})
+	if got := names(evs); got != "error done" || find[api.ChatError](evs)[0].Code != api.ChatErrBudget {
+		t.Errorf("events %q %+v", got, evs)
+	}
+	if len(srv.Requests()) != 0 {
+		t.Error("the endpoint was called past the budget")
+	}
+
+	// One that fills during the turn: the next step is not taken.
+	srv = chattest.New(t, call)
+	req.Meter = &meter{limit: 500}
+	evs = run(context.Background(), newChat(t, srv, openStore(t)), req, &fakeTools{})
+	if got := names(evs); got != "tool_call tool_result error done" || find[api.ChatError](evs)[0].Code != api.ChatErrBudget {
+		t.Errorf("events %q", got)
+	}
+	if len(srv.Requests()) != 1 {
+		t.Errorf("%d calls, want 1", len(srv.Requests()))
 	}
 }

@@ -164,6 +164,15 @@ func (c *Chat) step(ctx context.Context, model string, msgs []openai.ChatComplet
 	})
 	defer stream.Close()
 	var text strings.Builder
+	defer func() {
+		// Every call counts against the tenant's tokens, one that failed
+		// or was cut short too.
+		received := text.Len()
+		for _, tc := range res.toolCalls {
+			received += len(tc.Name) + len(tc.Arguments)
+		}
+		use(ctx, res.usage, paramBytes(msgs, tools), received)
+	}()
 	for stream.Next() {
 		chunk := stream.Current()
 		if chunk.JSON.Usage.Valid() {
@@ -228,44 +237,73 @@ var errCut = errors.New("the model's stream ended before the model had finished 
 func (c *Chat) complete(ctx context.Context, model string, msgs []openai.ChatCompletionMessageParamUnion) (string, api.ChatUsage, error) {
 	res, err := c.llm.New(ctx, openai.ChatCompletionNewParams{Model: model, Messages: msgs})
 	if err != nil {
+		use(ctx, api.ChatUsage{}, paramBytes(msgs, nil), 0)
 		return "", api.ChatUsage{}, err
 	}
 	u := api.ChatUsage{PromptTokens: res.Usage.PromptTokens, CompletionTokens: res.Usage.CompletionTokens, TotalTokens: res.Usage.TotalTokens}
+	received := 0
+	for _, ch := range res.Choices {
+		received += len(ch.Message.Content)
+	}
+	use(ctx, u, paramBytes(msgs, nil), received)
 	if len(res.Choices) == 0 {
 		return "", u, errors.New("the model's answer has no choices")
 	}
 	return res.Choices[0].Message.Content, u, nil
 }
 
-// llmError says what went wrong with the endpoint, for the user. An
-// endpoint's refusal of the server's key is not quoted: its message may
-// show part of the key.
+// llmDetail is all an endpoint's error says, for the server's log (never
+// the user): its status, URL and message, or the error in its stream.
+func llmDetail(err error) string {
+	var ae *openai.Error
+	var se *ssestream.StreamError
+	switch {
+	case errors.As(err, &ae):
+		url := ""
+		if ae.Request != nil && ae.Request.URL != nil {
+			url = ae.Request.URL.Redacted()
+		}
+		body := cut(ae.RawJSON(), 2000)
+		if ae.StatusCode == http.StatusUnauthorized || ae.StatusCode == http.StatusForbidden {
+			body = "(not logged: a refusal of the key may quote part of it)"
+		}
+		return fmt.Sprintf("%s: %d %s: %s", url, ae.StatusCode, http.StatusText(ae.StatusCode), body)
+	case errors.As(err, &se):
+		return fmt.Sprintf("an error in the stream: %s: %s", se.Message, cut(string(se.Event.Data), 2000))
+	}
+	return err.Error()
+}
+
+// paramBytes is the size of what a model call sends, for a token
+// estimate when the endpoint counts none.
+func paramBytes(msgs []openai.ChatCompletionMessageParamUnion, tools []openai.ChatCompletionToolUnionParam) int {
+	b, _ := json.Marshal(msgs)
+	n := len(b)
+	if len(tools) > 0 {
+		b, _ = json.Marshal(tools)
+		n += len(b)
+	}
+	return n
+}
+
+// llmError says what went wrong with the endpoint, for the user, in
+// words of the server's own: never the endpoint's text or its URL (the
+// log has those), which may name the operator's hosts and accounts or
+// quote part of its key.
 func llmError(err error) string {
 	var ae *openai.Error
 	var se *ssestream.StreamError
 	switch {
 	case errors.As(err, &ae):
 		msg := fmt.Sprintf("the model endpoint answered %d %s", ae.StatusCode, http.StatusText(ae.StatusCode))
-		switch {
-		case ae.StatusCode == http.StatusUnauthorized || ae.StatusCode == http.StatusForbidden:
+		if ae.StatusCode == http.StatusUnauthorized || ae.StatusCode == http.StatusForbidden {
 			msg += ": it refused the server's API key (--llm-api-key)"
-		case ae.Message != "":
-			msg += ": " + cut(ae.Message, 500)
 		}
 		return msg
 	case errors.As(err, &se):
-		var ev struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		msg := se.Message
-		if json.Unmarshal(se.Event.Data, &ev) == nil && ev.Error.Message != "" {
-			msg = ev.Error.Message
-		}
-		return "the model endpoint sent an error in its stream: " + cut(msg, 500)
+		return "the model endpoint sent an error in its stream"
 	case errors.Is(err, errCut):
 		return err.Error()
 	}
-	return "the model endpoint could not be reached, or its stream broke off: " + cut(err.Error(), 500)
+	return "the model endpoint could not be reached, or its stream broke off"
 }

@@ -57,7 +57,11 @@ type Options struct {
 	// Authenticated, if set, hears the tenant of each call as soon as it
 	// is authenticated (the server puts it in its access log).
 	Authenticated func(ctx context.Context, tenant string)
-	Log           *slog.Logger
+	// OpenStream, if set, counts a tenant's new stream (a command's or a
+	// cell's output) against its cap, or refuses it (ErrResourceExhausted)
+	// before anything runs; release uncounts it.
+	OpenStream func(tenant string) (release func(), err error)
+	Log        *slog.Logger
 }
 
 // Handler serves the E2B APIs.
@@ -147,6 +151,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		h.writeErr(w, r, err)
 	}
+}
+
+// openStream counts one of the tenant's streams (Options.OpenStream).
+func (h *Handler) openStream(tenant string) (release func(), err error) {
+	if h.opt.OpenStream == nil {
+		return func() {}, nil
+	}
+	return h.opt.OpenStream(tenant)
 }
 
 // forget drops what the handler keeps of a deleted session.

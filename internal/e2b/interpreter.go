@@ -323,6 +323,12 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
+	release, err := h.openStream(tenant)
+	if err != nil {
+		h.writeErr(w, r, err)
+		return
+	}
+	defer release()
 	code := driver + "\ntry:\n    return _sbx_e2b_cell(" + pyBase64(req.Code) + ", " + pyBase64(c.Cwd) + ")\nfinally:\n    del _sbx_e2b_cell\n"
 	run, err := h.opt.Executions.Submit(r.Context(), tenant, id, api.ExecuteRequest{
 		Code: code, Language: executor.LanguagePython, ContextID: sbxContext(cid), EnvVars: req.EnvVars,

@@ -240,6 +240,12 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 		h.unaryError(w, r, err)
 		return
 	}
+	release, err := h.openStream(tenant)
+	if err != nil {
+		h.unaryError(w, r, err)
+		return
+	}
+	defer release()
 	run, err := h.opt.Executions.Submit(r.Context(), tenant, id, api.ExecuteRequest{
 		Code: code, Language: executor.LanguageBash, Timeout: timeout, EnvVars: env,
 	})
@@ -348,11 +354,17 @@ func (h *Handler) connect(w http.ResponseWriter, r *http.Request) {
 		h.unaryError(w, r, err)
 		return
 	}
-	p, _, err := h.findProcess(r, req.Process)
+	p, tenant, err := h.findProcess(r, req.Process)
 	if err != nil {
 		h.unaryError(w, r, err)
 		return
 	}
+	release, err := h.openStream(tenant)
+	if err != nil {
+		h.unaryError(w, r, err)
+		return
+	}
+	defer release()
 	evs, _ := p.run.Events(0)
 	h.follow(w, r, p, len(evs))
 }

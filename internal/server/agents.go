@@ -91,6 +91,12 @@ func (s *Server) agentExecute(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, fmt.Errorf("user_id is required: %w", errdefs.ErrInvalidArgument))
 		return
 	}
+	release, err := s.holdExecution(r, wait)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	sid, err := s.ensureAgentSession(r, req.UserID, req.TemplateID)
 	if err != nil {
 		s.writeError(w, r, err)

@@ -62,13 +62,7 @@ func (s *Server) authenticate(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t := DefaultTenant
 		if len(s.opt.Keys) > 0 {
-			key := r.Header.Get("X-API-Key")
-			if auth := r.Header.Get("Authorization"); key == "" && auth != "" {
-				scheme, rest, _ := strings.Cut(auth, " ")
-				if strings.EqualFold(scheme, "Bearer") {
-					key = strings.TrimSpace(rest)
-				}
-			}
+			key := requestKey(r)
 			var ok bool
 			t, ok = s.lookupKey(key)
 			if !ok {
@@ -83,6 +77,19 @@ func (s *Server) authenticate(h http.Handler) http.Handler {
 		setLogTenant(r.Context(), t)
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, t)))
 	})
+}
+
+// requestKey is the key a request carries: "X-API-Key: KEY", else
+// "Authorization: Bearer KEY".
+func requestKey(r *http.Request) string {
+	key := r.Header.Get("X-API-Key")
+	if auth := r.Header.Get("Authorization"); key == "" && auth != "" {
+		scheme, rest, _ := strings.Cut(auth, " ")
+		if strings.EqualFold(scheme, "Bearer") {
+			key = strings.TrimSpace(rest)
+		}
+	}
+	return key
 }
 
 // lookupKey compares digests, so the time taken says nothing about how

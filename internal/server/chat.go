@@ -43,6 +43,29 @@ func (s *Server) agentChat(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	// The model, the tenant's tokens and its turns at once are checked
+	// before anything is made or called: every call is paid with the
+	// operator's key.
+	model, err := s.opt.Chat.Model(req.Model)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	t := tenant(r)
+	var tokens int64
+	if s.opt.Limits != nil {
+		tokens = s.opt.Limits(t).ChatTokens
+	}
+	if err := s.budgets.allow(t, tokens); err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	release, err := s.openStream(t, chatTurns)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	agentID := r.PathValue("agent_id")
 	sid, err := agentSessionID(req.UserID, agentID)
 	if err != nil {
@@ -53,10 +76,10 @@ func (s *Server) agentChat(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	t := tenant(r)
 	s.streamChat(w, r, chat.Request{
 		Tenant: t, UserID: req.UserID, AgentID: agentID, ConversationID: req.ConversationID, SessionID: sid,
-		Message: req.Message, System: req.System, Model: req.Model,
+		Message: req.Message, System: req.System, Model: model,
+		RequestID: requestID(r.Context()), Meter: s.chatMeter(t, tokens),
 	}, &chatTools{s: s, base: api.ToolInvokeRequest{UserID: req.UserID, AgentID: agentID, ConversationID: req.ConversationID}})
 }
 

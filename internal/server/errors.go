@@ -3,7 +3,10 @@ package server
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
@@ -23,6 +26,18 @@ func (e *statusError) Unwrap() error { return e.err }
 func withStatus(status int, code string, err error) error {
 	return &statusError{status: status, code: code, err: err}
 }
+
+// retryError is a 429 or 503 that knows when to try again, better than
+// the default Retry-After of 5 s.
+type retryError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+func retryAfter(err error, after time.Duration) error { return &retryError{after: after, err: err} }
 
 // status maps an error to its HTTP status and wire code: a statusError
 // says its own, every other error is of a category (errhttp).
@@ -52,7 +67,12 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		msg = "internal error (request " + requestID(r.Context()) + "; the server log has the details)"
 	}
 	if code == http.StatusServiceUnavailable || code == http.StatusTooManyRequests {
-		w.Header().Set("Retry-After", "5")
+		after := "5"
+		var re *retryError
+		if errors.As(err, &re) {
+			after = strconv.Itoa(max(1, int(math.Ceil(re.after.Seconds()))))
+		}
+		w.Header().Set("Retry-After", after)
 	}
 	if code == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="sbx"`)

@@ -95,7 +95,7 @@ func (s *Server) serveEvents(w http.ResponseWriter, r *http.Request, q eventQuer
 		s.opt.Events.Flush(r.Context())
 	}
 	if wantsEventStream(r) {
-		release, err := s.openStream(q.tenant)
+		release, err := s.openStream(q.tenant, eventStreams)
 		if err != nil {
 			s.writeError(w, r, err)
 			return
@@ -222,27 +222,4 @@ func (s *Server) followEvents(w http.ResponseWriter, r *http.Request, q eventQue
 			}
 		}
 	}
-}
-
-// MaxEventStreams bounds a tenant's open event streams: each looks in the
-// store every EventPoll, and a tenant must not load the store for the
-// others by opening thousands.
-const MaxEventStreams = 32
-
-// openStream counts a tenant's new event stream, refusing one past
-// MaxEventStreams; release uncounts it.
-func (s *Server) openStream(tenant string) (release func(), err error) {
-	s.streamsMu.Lock()
-	defer s.streamsMu.Unlock()
-	if s.streams[tenant] >= MaxEventStreams {
-		return nil, fmt.Errorf("the tenant has %d event streams open, the most it may: close one first: %w", MaxEventStreams, errdefs.ErrResourceExhausted)
-	}
-	s.streams[tenant]++
-	return func() {
-		s.streamsMu.Lock()
-		defer s.streamsMu.Unlock()
-		if s.streams[tenant]--; s.streams[tenant] == 0 {
-			delete(s.streams, tenant)
-		}
-	}, nil
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
 	"github.com/sbx-sandbox/sbx/internal/app"
-	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/webhook"
 )
 
@@ -537,10 +536,11 @@ func TestReaperEvents(t *testing.T) {
 	}
 }
 
-// A tenant may hold MaxEventStreams streams open; the next is 429, and
-// another tenant's streams are not counted against it.
+// A tenant may hold --limits streams=N event streams open; the next is
+// 429, and another tenant's streams are not counted against it.
 func TestEventStreamCap(t *testing.T) {
-	ts := startConfigured(t, withEvents, "key-alpha-123:alpha", "key-beta-4567:beta")
+	const maxStreams = 8
+	ts := startConfigured(t, func(c *app.Config) { withEvents(c); c.Limits.Streams = maxStreams }, "key-alpha-123:alpha", "key-beta-4567:beta")
 	open := func(key string) (*http.Response, context.CancelFunc) {
 		t.Helper()
 		ctx, cancel := context.WithCancel(context.Background())
@@ -553,7 +553,7 @@ func TestEventStreamCap(t *testing.T) {
 		}
 		return resp, cancel
 	}
-	for range server.MaxEventStreams {
+	for range maxStreams {
 		resp, cancel := open("key-alpha-123")
 		defer cancel()
 		defer resp.Body.Close()

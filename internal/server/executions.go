@@ -33,7 +33,23 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
+	release, err := s.holdExecution(r, wait)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	s.submit(w, r, r.PathValue("session_id"), req, wait)
+}
+
+// holdExecution counts an execute request that stays open (streamed or
+// ?wait=true) against the tenant's streams, before anything is made or
+// submitted: a refused one runs nothing.
+func (s *Server) holdExecution(r *http.Request, wait bool) (release func(), err error) {
+	if !wantsEventStream(r) && !wait {
+		return func() {}, nil
+	}
+	return s.openStream(tenant(r), execStreams)
 }
 
 // submit runs an execute request in a session and answers as execute
@@ -217,6 +233,12 @@ func (s *Server) getResult(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	release, err := s.openStream(tenant(r), execStreams)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
+	defer release()
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(timeout*float64(time.Second)))
 	defer cancel()
 	x, err := s.opt.Executions.Wait(ctx, tenant(r), id)

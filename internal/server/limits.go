@@ -12,8 +12,10 @@ import (
 
 // ParseLimits applies "name=value,..." to base: sessions, sandboxes,
 // memory (MiB, or with a G suffix GiB), cpu (cores), disk (MiB or G),
-// history (executions kept per session), snapshots (kept per session) and
-// stored (MiB or G in the blob store). 0 is no bound.
+// history (executions kept per session), snapshots (kept per session),
+// stored (MiB or G in the blob store), streams (open of each long-lived
+// kind), chats (chat turns at once) and chat_tokens (model tokens an
+// hour). 0 is no bound.
 func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	l := base
 	for _, f := range strings.Split(spec, ",") {
@@ -43,8 +45,14 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 			l.StoredMB, err = mebibytes(v)
 		case "cpu":
 			l.CPU, err = cores(v)
+		case "streams":
+			l.Streams, err = count(v)
+		case "chats":
+			l.Chats, err = count(v)
+		case "chat_tokens":
+			l.ChatTokens, err = tokens(v)
 		default:
-			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, snapshots or stored", name)
+			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, snapshots, stored, streams, chats or chat_tokens", name)
 		}
 		if err != nil {
 			return l, fmt.Errorf("limit %s: %w", f, err)
@@ -121,6 +129,23 @@ func mebibytes(v string) (int64, error) {
 	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil || n < 0 || n > math.MaxInt64/mult {
 		return 0, fmt.Errorf("want MiB (or NG for GiB), 0 or more")
+	}
+	return n * mult, nil
+}
+
+// tokens reads a count of model tokens, with a K or M suffix for
+// thousands or millions.
+func tokens(v string) (int64, error) {
+	mult := int64(1)
+	switch {
+	case strings.HasSuffix(strings.ToUpper(v), "K"):
+		v, mult = v[:len(v)-1], 1000
+	case strings.HasSuffix(strings.ToUpper(v), "M"):
+		v, mult = v[:len(v)-1], 1000*1000
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("want tokens (or NK, NM for thousands, millions), 0 or more")
 	}
 	return n * mult, nil
 }

@@ -46,6 +46,9 @@ type Options struct {
 	// Usage samples the sandboxes this process holds: the
 	// sessions' metrics and E2B's getMetrics. Nil: neither is available.
 	Usage *usage.Sampler
+	// Limits are the tenant's limits (session.Limits): the server keeps
+	// Streams, Chats and ChatTokens. Nil: no bound.
+	Limits func(tenant string) session.Limits
 	// Keys maps API keys to tenants; empty means no authentication (every
 	// request is tenant "default"; the caller binds loopback only).
 	Keys Keys
@@ -57,7 +60,10 @@ type Options struct {
 	// (0: DefaultPresignMaxBytes): a presign reads and hashes all of it.
 	PresignMaxBytes int64
 	Metrics         *Metrics
-	Log             *slog.Logger
+	// MetricsToken is the credential GET /metrics asks for (metrics_auth.go);
+	// "" with Keys: no one reads /metrics.
+	MetricsToken string
+	Log          *slog.Logger
 	// Version is the server's version, as the MCP server tells clients.
 	Version string
 	// Ready reports whether the server can take work (for /readyz): each
@@ -83,14 +89,18 @@ type Server struct {
 	log *slog.Logger
 	mux *http.ServeMux
 	e2b http.Handler // the E2B-compatible APIs (e2b.go)
+	// metricsHandler writes the Prometheus text of opt.Metrics.
+	metricsHandler http.Handler
 	// shutdown is closed when the HTTP server shuts down: streams that
 	// would go on for ever end then.
 	shutdown     chan struct{}
 	shutdownOnce sync.Once
 
-	// streams counts each tenant's open event streams (MaxEventStreams).
+	// streams counts each tenant's open streams of each kind (streams.go).
 	streamsMu sync.Mutex
-	streams   map[string]int
+	streams   map[streamKey]int
+	// budgets are the tenants' chat tokens (chatbudget.go).
+	budgets chatBudgets
 }
 
 // New returns the server; Handler is what to serve.
@@ -105,7 +115,9 @@ func New(opt Options) *Server {
 	if opt.EventPoll <= 0 {
 		opt.EventPoll = DefaultEventPoll
 	}
-	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[string]int{}}
+	s := &Server{opt: opt, log: opt.Log, mux: http.NewServeMux(), shutdown: make(chan struct{}), streams: map[streamKey]int{}}
+	s.metricsHandler = opt.Metrics.Handler()
+	s.budgets = chatBudgets{buckets: map[string]*bucket{}, now: time.Now}
 	s.routes()
 	s.e2b = s.newE2B()
 	return s
@@ -170,7 +182,7 @@ func (s *Server) routes() {
 	s.mux.HandleFunc("GET "+p+"/presigned/{ns}/{blob}/{name}", s.presigned)
 	s.mux.HandleFunc("GET /healthz", s.healthz)
 	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", s.opt.Metrics.Handler())
+	s.mux.HandleFunc("GET /metrics", s.serveMetrics)
 	// The web console: public static files; every call the page
 	// makes goes to the API above with the key the user gives it.
 	s.mux.Handle("GET /ui", http.RedirectHandler(console.Prefix, http.StatusMovedPermanently))

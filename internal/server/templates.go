@@ -108,6 +108,14 @@ func (s *Server) templateBuildLogs(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	sse := wantsEventStream(r)
 	follow := sse || r.URL.Query().Get("follow") == "true"
+	if follow {
+		release, err := s.openStream(t, logFollows)
+		if err != nil {
+			s.writeError(w, r, err)
+			return
+		}
+		defer release()
+	}
 	started := false
 	begin := func() {
 		if started {

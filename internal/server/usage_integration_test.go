@@ -29,7 +29,7 @@ func TestSessionMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.Keys, c.MetricsInterval = keys, time.Second })
+	rs := startReal(t, t.TempDir(), func(c *app.Config) { c.Keys, c.MetricsInterval, c.MetricsToken = keys, time.Second, metricsToken })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	a := client.New(rs.URL, client.WithAPIKey("metrics-alpha"))
@@ -176,15 +176,23 @@ func describeMetrics(m *api.SessionMetrics) string {
 	return s
 }
 
-// scrapeTenant reads /metrics and returns the tenant's sbx_tenant_*
-// series by name.
+// metricsToken is what the server of TestSessionMetrics asks /metrics for.
+const metricsToken = "metrics-token-0123"
+
+// scrapeTenant reads /metrics with the metrics token and returns the
+// tenant's sbx_tenant_* series by name.
 func scrapeTenant(t *testing.T, url, tenant string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	req, _ := http.NewRequest("GET", url+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+metricsToken)
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s", resp.Status)
+	}
 	out := map[string]float64{}
 	sc := bufio.NewScanner(io.LimitReader(resp.Body, 16<<20))
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

@@ -35,6 +35,16 @@ type Limits struct {
 	// the limit; hibernation is not (it moves bytes off the disk that
 	// DiskMB already bounds).
 	StoredMB int64 `json:"stored_mb,omitempty"`
+	// Streams bounds the tenant's open requests of each long-lived kind
+	// apart: event streams, execution streams and long polls, build-log
+	// follows, E2B streams (internal/server/streams.go). Each holds a
+	// goroutine and a connection, and some poll the store.
+	Streams int `json:"streams,omitempty"`
+	// Chats bounds the tenant's chat turns at once; ChatTokens the tokens
+	// its turns may use in an hour, on the operator's model key
+	// (internal/server/chatbudget.go).
+	Chats      int   `json:"chats,omitempty"`
+	ChatTokens int64 `json:"chat_tokens,omitempty"`
 }
 
 // limits are the tenant's limits.

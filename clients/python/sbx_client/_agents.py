@@ -210,7 +210,10 @@ class AgentsMixin:
         The last event is ``done``. Leaving the loop early closes the
         connection, which cancels the turn on the server (the model's
         stream and a running tool). ``system`` and ``model`` replace the
-        server's for this turn. A server without a model endpoint raises
+        server's for this turn; ``model`` must be one the server offers
+        (``--llm-models``), else :class:`InvalidArgument`. A tenant past its
+        ``chats`` or ``chat_tokens`` limit gets :class:`ResourceExhausted`.
+        A server without a model endpoint raises
         :class:`Unavailable`; a stream that ends before ``done`` raises
         :class:`TransportError`.
         """

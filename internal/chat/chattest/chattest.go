@@ -8,6 +8,7 @@
 package chattest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -49,6 +50,14 @@ type Reply struct {
 	Hang bool
 	// StreamError sends an error object in the stream after the chunks.
 	StreamError string
+	// Drop closes the connection without an answer (the client's error
+	// then quotes the URL it called).
+	Drop bool
+	// Usage is the total_tokens the reply reports (default 15: prompt
+	// 10, completion 5), when usage is asked for; NoUsage reports none,
+	// as some servers do.
+	Usage   int
+	NoUsage bool
 }
 
 // ToolCall is one tool call of a Reply.
@@ -111,13 +120,14 @@ type Server struct {
 	script   []Reply
 	requests []Request
 	gone     chan struct{} // closed when a Hang reply's client went away
+	arrived  chan struct{} // closed, and made anew, at each request
 }
 
 // New starts a server that answers with replies, one per request, in
 // order; a request past the end of the script fails the test and is
 // answered 500. It stops when the test ends.
 func New(t testing.TB, replies ...Reply) *Server {
-	s := &Server{t: t, script: replies, gone: make(chan struct{})}
+	s := &Server{t: t, script: replies, gone: make(chan struct{}), arrived: make(chan struct{})}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
@@ -140,11 +150,30 @@ func (s *Server) Requests() []Request {
 	return append([]Request(nil), s.requests...)
 }
 
+// WaitRequests waits until the server has had n requests, or ctx ends.
+func (s *Server) WaitRequests(ctx context.Context, n int) error {
+	for {
+		s.mu.Lock()
+		have, arrived := len(s.requests), s.arrived
+		s.mu.Unlock()
+		if have >= n {
+			return nil
+		}
+		select {
+		case <-arrived:
+		case <-ctx.Done():
+			return fmt.Errorf("chattest: %d requests, waiting for %d: %w", have, n, ctx.Err())
+		}
+	}
+}
+
 // Left is closed when the client of a Hang reply has gone away.
 func (s *Server) Left() <-chan struct{} { return s.gone }
 
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost || r.URL.Path != "/v1/chat/completions" {
+	// Any base path: a test may give the endpoint's URL a path of its
+	// own (a marker that must not reach a client).
+	if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/v1") || !strings.HasSuffix(r.URL.Path, "/chat/completions") {
 		http.Error(w, `{"error":{"message":"no such endpoint","type":"invalid_request_error"}}`, http.StatusNotFound)
 		return
 	}
@@ -156,6 +185,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.requests = append(s.requests, req)
 	n := len(s.requests)
+	close(s.arrived)
+	s.arrived = make(chan struct{})
 	var rep Reply
 	ok := n <= len(s.script)
 	if ok {
@@ -166,6 +197,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.t.Errorf("chattest: request %d, but the script has %d replies", n, len(s.script))
 		writeError(w, http.StatusInternalServerError, "the script has no reply for this request")
 		return
+	}
+	if rep.Drop {
+		panic(http.ErrAbortHandler) // the connection closes, nothing sent
 	}
 	if rep.Status != 0 {
 		writeError(w, rep.Status, rep.Message)
@@ -184,8 +218,13 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": nil, "param": nil}})
 }
 
-// usage is what every reply counts.
-var usage = map[string]int{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+// usage is what a reply counts.
+func usage(rep Reply) map[string]int {
+	if rep.Usage > 0 {
+		return map[string]int{"prompt_tokens": rep.Usage - rep.Usage/3, "completion_tokens": rep.Usage / 3, "total_tokens": rep.Usage}
+	}
+	return map[string]int{"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+}
 
 func (s *Server) complete(w http.ResponseWriter, rep Reply) {
 	w.Header().Set("Content-Type", "application/json")
@@ -195,7 +234,12 @@ func (s *Server) complete(w http.ResponseWriter, rep Reply) {
 			"index": 0, "finish_reason": "stop", "logprobs": nil,
 			"message": map[string]any{"role": "assistant", "content": rep.Text, "refusal": nil},
 		}},
-		"usage": usage,
+		"usage": func() any {
+			if rep.NoUsage {
+				return nil
+			}
+			return usage(rep)
+		}(),
 	})
 }
 
@@ -315,9 +359,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, rep Reply, withU
 		}
 		send(chunk([]any{map[string]any{"index": 0, "delta": map[string]any{}, "finish_reason": finish, "logprobs": nil}}))
 	}
-	if withUsage {
+	if withUsage && !rep.NoUsage {
 		c := chunk([]any{})
-		c["usage"] = usage
+		c["usage"] = usage(rep)
 		send(c)
 	}
 	io.WriteString(w, "data: [DONE]\n\n")

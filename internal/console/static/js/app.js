@@ -113,9 +113,15 @@ async function start() {
   };
   window.addEventListener('hashchange', route);
   setInterval(() => tick(main), 1000);
-  // Pools come from the Prometheus endpoint, which may not be reachable
-  // (a proxy in front of the API): the link shows only if it answers.
-  request('GET', '/metrics', {key: ''}).then(() => { $('#nav-pools').hidden = false; }, () => {});
+  // Pools come from the Prometheus endpoint, which answers without a
+  // credential only on a server without API keys (with keys it asks for
+  // the operator's metrics token, never a tenant's key) and may be out of
+  // reach (a proxy in front of the API): the link shows only if it
+  // answers. data-probed says the probe is over.
+  const pools = $('#nav-pools');
+  request('GET', '/metrics', {key: ''}).then(
+    () => { pools.hidden = false; pools.dataset.probed = 'yes'; },
+    () => { pools.dataset.probed = 'no'; });
   try {
     if (auth.key && await probe(auth.key)) { enter(); return; }
     if (await probe('')) { auth.noKey = true; auth.key = ''; enter(); return; }

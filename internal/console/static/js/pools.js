@@ -1,6 +1,8 @@
 // Warm pools: the sbx_pool_ready gauge of the Prometheus endpoint, per
-// template. /metrics needs no key and may be out of reach (a proxy that
-// serves only /api); the page then says so.
+// template. /metrics needs no credential only without API keys (with
+// keys it is the operator's, read with the metrics token, and a tenant's
+// key is refused), and may be out of reach (a proxy that serves only
+// /api); the page then says so.
 import {h, replace} from './dom.js';
 import {request} from './api.js';
 
