@@ -48,12 +48,11 @@ func NewProxy(urls []string, denied func(string)) (*Proxy, error) {
 			p.allowed[origin(u.Scheme, u.Host)] = true
 		}
 	}
-	dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 	p.tr = &http.Transport{
 		// Never another proxy from the environment: the allow list is
 		// about where the bytes come from.
 		Proxy:                 nil,
-		DialContext:           dialer.DialContext,
+		DialContext:           dialIdle,
 		MaxIdleConnsPerHost:   4,
 		IdleConnTimeout:       30 * time.Second,
 		ResponseHeaderTimeout: 60 * time.Second,
@@ -67,6 +66,34 @@ func NewProxy(urls []string, denied func(string)) (*Proxy, error) {
 		ErrorLog:          nil,
 	}
 	return p, nil
+}
+
+// IdleTimeout is how long an upstream connection may pass no bytes either
+// way before the proxy drops it: a stalled mirror fails the download (and
+// apt tries again) instead of holding a build for ever.
+const IdleTimeout = 60 * time.Second
+
+// dialIdle dials upstream; the connection dies after IdleTimeout without
+// traffic.
+func dialIdle(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &idleConn{Conn: c}, nil
+}
+
+// idleConn pushes its deadline IdleTimeout ahead at every read and write.
+type idleConn struct{ net.Conn }
+
+func (c *idleConn) Read(b []byte) (int, error) {
+	c.Conn.SetDeadline(time.Now().Add(IdleTimeout))
+	return c.Conn.Read(b)
+}
+
+func (c *idleConn) Write(b []byte) (int, error) {
+	c.Conn.SetDeadline(time.Now().Add(IdleTimeout))
+	return c.Conn.Write(b)
 }
 
 // origin is host:port with the scheme's default port filled in, lower case.
@@ -166,7 +193,7 @@ func (p *Proxy) tunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
-	up, err := (&net.Dialer{}).DialContext(ctx, "tcp", target)
+	up, err := dialIdle(ctx, "tcp", target)
 	cancel()
 	if err != nil {
 		http.Error(w, "sbx egress proxy: "+err.Error(), http.StatusBadGateway)

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -27,6 +28,17 @@ import (
 
 // DefaultMaxBuildBytes is Store.MaxBuildBytes' default.
 const DefaultMaxBuildBytes = 4 << 30
+
+// DefaultMaxBuildTime is Store.MaxBuildTime's default: builds queue, so
+// one that never ends would hold up every tenant's.
+const DefaultMaxBuildTime = 30 * time.Minute
+
+func (s *Store) maxBuildTime() time.Duration {
+	if s.MaxBuildTime > 0 {
+		return s.MaxBuildTime
+	}
+	return DefaultMaxBuildTime
+}
 
 // areaInodes bounds the files of a build's area.
 const areaInodes = 1 << 20
@@ -64,11 +76,12 @@ func removeArea(tmp string) error {
 	return os.Remove(area)
 }
 
-// areaError says that a build passed its size limit when its area is full,
-// since the command that failed says only that it found no space.
+// areaError says that a build passed its size limit when what failed found
+// no space (ENOSPC) or its area is full, since the command that failed
+// says only that it found no space.
 func (s *Store) areaError(area, what string, err error) error {
 	var st unix.Statfs_t
-	if serr := unix.Statfs(area, &st); serr == nil && (st.Bavail*uint64(st.Bsize) < 1<<20 || st.Ffree < 16) {
+	if errors.Is(err, unix.ENOSPC) || unix.Statfs(area, &st) == nil && (st.Bavail*uint64(st.Bsize) < 1<<20 || st.Ffree < 16) {
 		return fmt.Errorf("%s: the build passed the most a template may take (%d MiB, %d files): %w",
 			what, s.maxBuildBytes()>>20, areaInodes, errdefs.ErrResourceExhausted)
 	}
@@ -86,7 +99,10 @@ func copyTree(ctx context.Context, src, dst string) error {
 		if ctx.Err() != nil {
 			return context.Cause(ctx)
 		}
-		return fmt.Errorf("copy %s: %v: %s", filepath.Base(src), err, strings.TrimSpace(limitString(string(out), 2048)))
+		if strings.Contains(string(out), "No space left on device") {
+			err = unix.ENOSPC
+		}
+		return fmt.Errorf("copy %s: %w: %s", filepath.Base(src), err, strings.TrimSpace(limitString(string(out), 2048)))
 	}
 	return nil
 }
@@ -185,6 +201,10 @@ func makeTools(dir string) (string, []runtime.Bind, error) {
 		"etc/passwd":   "root:x:0:0:root:/root:/bin/sh\n",
 		"etc/group":    "root:x:0:\n",
 		"etc/hostname": "sbx-build\n",
+		// debootstrap downloads with wget, whose own defaults (a 900 s
+		// read timeout, 20 tries) would let a stalled mirror hold a
+		// build for hours.
+		"etc/wgetrc": "timeout = 30\ntries = 3\n",
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {

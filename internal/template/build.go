@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -81,7 +82,7 @@ const policyRCD = "#!/bin/sh\nexit 101\n"
 // aptGet runs apt-get without a terminal or prompts; conffile questions
 // take the default answer.
 var aptGet = []string{
-	"apt-get", "-o", "Dpkg::Use-Pty=0", "-o", "Acquire::Retries=3",
+	"apt-get", "-o", "Dpkg::Use-Pty=0", "-o", "Acquire::Retries=3", "-o", "Acquire::http::Timeout=30", "-o", "Acquire::https::Timeout=30",
 	"-o", "Dpkg::Options::=--force-confdef", "-o", "Dpkg::Options::=--force-confold",
 }
 
@@ -94,6 +95,8 @@ var aptGet = []string{
 // temporary directory is removed.
 func (s *Store) build(ctx context.Context, spec Spec, hash string, p *progress) (_ *Template, err error) {
 	start := time.Now()
+	ctx, cancel := context.WithTimeoutCause(ctx, s.maxBuildTime(), fmt.Errorf("the build took longer than %s, the most a build may take: %w", s.maxBuildTime(), errdefs.ErrResourceExhausted))
+	defer cancel()
 	release := spec.release()
 	mirror, sources, err := s.aptConfig(release)
 	if err != nil {

@@ -3,6 +3,7 @@ package template
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/egress"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"golang.org/x/sys/unix"
 )
 
 // buildEnv is the base environment of every build command: nothing of the
@@ -84,16 +86,27 @@ func (b *box) job(rootfs string, stdin io.Reader, stdout io.Writer, args ...stri
 	}
 }
 
+// errNoSpace is a build command that ran out of room in the build's area.
+var errNoSpace = fmt.Errorf("no space left in the build's area: %w", unix.ENOSPC)
+
 // exec runs a job; its output goes to progress line by line, and the last
-// lines go into the error. what names the command in errors.
+// lines go into the error. what names the command in errors. A command
+// that says it found no space has passed the build's limit: it is stopped
+// there (apt-get update, for one, may wait for ever after such a write
+// failed), and the error says so. The tools say it only in their output.
 func (b *box) exec(ctx context.Context, what string, job runtime.Job) error {
-	lw := &lineWriter{p: b.progress}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	lw := &lineWriter{p: b.progress, noSpace: func() { cancel(errNoSpace) }}
 	job.Stderr = lw
 	if job.Stdout == nil {
 		job.Stdout = lw
 	}
 	err := b.run(ctx, job)
 	lw.flush()
+	if errors.Is(context.Cause(ctx), errNoSpace) {
+		return fmt.Errorf("%s: %w%s", what, errNoSpace, lw.tailText())
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
@@ -136,6 +149,9 @@ type lineWriter struct {
 	buf  []byte
 	skip bool // the rest of a line cut at maxLine
 	tail []string
+	// noSpace, if not nil, is called once when a line says "No space
+	// left on device" (strerror(ENOSPC); builds run with LC_ALL=C).
+	noSpace func()
 }
 
 const tailLines = 15
@@ -178,6 +194,10 @@ func (w *lineWriter) line(s string) {
 		return
 	}
 	w.p.printf("    %s\n", s)
+	if w.noSpace != nil && strings.Contains(s, "No space left on device") {
+		w.noSpace()
+		w.noSpace = nil
+	}
 	if len(w.tail) == tailLines {
 		w.tail = w.tail[1:]
 	}

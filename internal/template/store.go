@@ -55,6 +55,9 @@ type Store struct {
 	// MaxBuildBytes is the most a build's rootfs may take (its area, see
 	// area.go). Default: DefaultMaxBuildBytes.
 	MaxBuildBytes int64
+	// MaxBuildTime is the longest a build may take. Default:
+	// DefaultMaxBuildTime.
+	MaxBuildTime time.Duration
 
 	mu    sync.Mutex
 	calls map[string]*call // builds in progress in this process, by hash

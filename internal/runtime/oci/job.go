@@ -195,7 +195,7 @@ func (r *Runtime) RunJob(ctx context.Context, job runtime.Job) (err error) {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("job: %s run: %w", r.name, err)
 	}
-	stop := context.AfterFunc(ctx, func() { r.killJob(b) })
+	stop := context.AfterFunc(ctx, func() { r.killJob(b, id) })
 	err = cmd.Wait()
 	stop()
 	if ctx.Err() != nil {
@@ -227,12 +227,16 @@ func jobMounts(res runtime.Resources) []specs.Mount {
 }
 
 // killJob kills every process of a running job: SIGKILL to its init, the
-// PID namespace's, takes the rest with it.
-func (r *Runtime) killJob(bundle string) {
-	if pid := readPid(bundle); pid > 0 {
+// PID namespace's, takes the rest with it. The pid file's pid is killed
+// only while it is the job's (alive, in the job's cgroup): the job may be
+// long gone and its pid another process's.
+func (r *Runtime) killJob(bundle, id string) {
+	if pid, ok := r.initIn(bundle, id); ok {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
-	_, _ = r.runJob(context.Background(), "kill", filepath.Base(bundle), "KILL")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _ = r.runJob(ctx, "kill", id, "KILL")
 }
 
 // runJob runs the runtime binary on the jobs' state root.
@@ -294,7 +298,7 @@ func (r *Runtime) sweepJobs() {
 		if err := readJSON(filepath.Join(b, "job.json"), &rec); err != nil || rec.Owner <= 0 || processAlive(rec.Owner) {
 			continue
 		}
-		r.killJob(b)
+		r.killJob(b, e.Name())
 		slot := -1
 		if rec.IDBase != 0 {
 			slot = rec.IDSlot

@@ -425,7 +425,13 @@ func (r *Runtime) waitExecutor(ctx context.Context, id string) error {
 // of the namespace is gone, and who reaps it (the host's init, since the
 // runtime detached it) may take its time.
 func (r *Runtime) initProcess(id string) (int, bool) {
-	pid := readPid(r.bundle(id))
+	return r.initIn(r.bundle(id), id)
+}
+
+// initIn is initProcess for the container id whose bundle is bundle (a
+// sandbox's, or a job's).
+func (r *Runtime) initIn(bundle, id string) (int, bool) {
+	pid := readPid(bundle)
 	if pid <= 0 {
 		return 0, false
 	}
