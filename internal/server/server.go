@@ -91,6 +91,9 @@ type Server struct {
 	// streams counts each tenant's open event streams (MaxEventStreams).
 	streamsMu sync.Mutex
 	streams   map[string]int
+
+	// syncLocks serialize each session's resource syncs (resources.go).
+	syncLocks syncLocks
 }
 
 // New returns the server; Handler is what to serve.
