@@ -49,7 +49,8 @@ type Config struct {
 	// Version is the server's version, as the MCP server tells clients.
 	Version string
 	// DataDir holds the database (sbx.db), templates, workspaces, blobs and
-	// the URL signing key. Default /var/lib/sbx.
+	// the URL signing key. Default /var/lib/sbx. Open makes it 0700
+	// (dirs.go): only the server enters it.
 	DataDir string
 	// Store is the URL of the metadata store: sqlite:///PATH (default
 	// DataDir/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=...
@@ -59,6 +60,9 @@ type Config struct {
 	// DataDir/blobs).
 	Blob string
 	// StateDir holds sandbox bundles and runtime state. Default /run/sbx.
+	// With the default runtime every sandbox's host user must be able to
+	// pass through each directory above it; Open checks that (as root)
+	// and fails saying which directory and what to run (dirs.go).
 	StateDir string
 	// Keys are the API keys and their tenants (see server.ParseKeys). None: no
 	// authentication, loopback only, everything belongs to tenant
@@ -152,6 +156,12 @@ func openQuota(ctx context.Context, cfg Config, log *slog.Logger) (quota.Dirs, e
 	if err != nil {
 		return nil, fmt.Errorf("workspace disk quotas: %w (serve with --workspace-quota=off to run without them, on a machine where no untrusted code runs)", err)
 	}
+	// Only the server enters the workspaces' root (a mounted image's root
+	// comes as mkfs.btrfs made it, 0755); sandboxes reach theirs through
+	// bind mounts (dirs.go).
+	if err := os.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("workspaces %s: %w", root, err)
+	}
 	if q.Kind() == "none" {
 		log.Warn("workspace disk quotas are OFF: code in a sandbox can fill the host's disk; resources.disk only caps single files")
 	} else {
@@ -197,8 +207,15 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		cfg.Log = slog.Default()
 	}
 	log := cfg.Log
-	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+	if err := prepareDataDir(cfg.DataDir, log); err != nil {
 		return nil, err
+	}
+	// The state directory is the default runtime's; a runtime given in
+	// cfg keeps its own.
+	if cfg.Runtime == nil {
+		if err := checkStateDir(cfg.StateDir, cfg.DataDir); err != nil {
+			return nil, err
+		}
 	}
 	key, err := signingKey(filepath.Join(cfg.DataDir, "signing.key"))
 	if err != nil {
@@ -469,7 +486,7 @@ func instanceID(path string) (string, error) {
 		}
 		// O_EXCL: of two servers starting at once on a new data
 		// directory, one makes the name and the other reads it.
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if errors.Is(err, fs.ErrExist) {
 			time.Sleep(10 * time.Millisecond)
 			continue

@@ -147,8 +147,9 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if err := m.admitSession(ctx, tenant, cfg.Resources.Disk); err != nil {
 		return nil, false, err
 	}
-	// Every uid of the sandbox must be able to traverse the parents.
-	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o711); err != nil {
+	// The tenant's directory is the server's alone: sandboxes reach their
+	// workspace through a bind mount the server makes, never by this path.
+	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o700); err != nil {
 		return nil, false, err
 	}
 	// A workspace left by a session of this id that a crash kept from
