@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -100,9 +101,19 @@ type Config struct {
 	// TenantLimits a tenant's own, in place of them (server.ParseLimits).
 	Limits       session.Limits
 	TenantLimits map[string]session.Limits
+	// LimitsFor, if set, makes Limits and TenantLimits once Open knows the
+	// machine, workspace file system included (limits.go): sbx serve's
+	// machine-made defaults (DefaultLimits) with its flags over them.
+	LimitsFor func(Machine) (session.Limits, map[string]session.Limits, error)
 	// MaxResources caps what one session may ask for; zero fields are the
-	// built-in maxima (16 cores, 64 GiB, 1 TiB).
+	// built-in maxima (16 cores, 64 GiB) and, for disk, the workspace
+	// file system's size, which a larger disk is lowered to: no session
+	// is promised more than the file system holds.
 	MaxResources api.Resources
+	// DiskOvercommit bounds the sum of every tenant's sessions' disk
+	// quotas (resources.disk) at this many times the workspace file
+	// system's size: past it a create is 429. 0 is no bound.
+	DiskOvercommit float64
 	// E2BTokenTTL is how long an E2B sandbox's access token, handed out by
 	// a create or a connect, stays good. Default 24h (e2b.DefaultTokenTTL).
 	E2BTokenTTL time.Duration
@@ -136,6 +147,37 @@ type Config struct {
 	// Events configures lifecycle events and webhooks (events.go).
 	Events EventsConfig
 	Log    *slog.Logger
+}
+
+// machineLimits applies to cfg what the machine has, once the workspace
+// file system at root is open: a session's disk within its size, and the
+// limits LimitsFor makes. It returns what the sum of the sessions' disks
+// is held to: DiskOvercommit times the file system's size.
+func machineLimits(cfg *Config, root string, log *slog.Logger) (diskCapacityMB int64, err error) {
+	m := ThisMachine()
+	ws, err := fileSystemMB(root)
+	if err != nil {
+		return 0, fmt.Errorf("workspaces: %w", err)
+	}
+	m.WorkspaceMB = ws
+	if d := cfg.MaxResources.Disk; d == 0 || d > ws {
+		if d > ws {
+			log.Warn("a session's disk is capped at the workspace file system's size", "session_max_disk_mb", d, "workspace_fs_mb", ws)
+		}
+		cfg.MaxResources.Disk = ws
+	}
+	if cfg.DiskOvercommit < 0 || math.IsNaN(cfg.DiskOvercommit) {
+		return 0, fmt.Errorf("disk overcommit %v: want 0 (no bound) or more", cfg.DiskOvercommit)
+	}
+	diskCapacityMB = int64(min(float64(ws)*cfg.DiskOvercommit, 1<<53))
+	if cfg.LimitsFor != nil {
+		if cfg.Limits, cfg.TenantLimits, err = cfg.LimitsFor(m); err != nil {
+			return 0, err
+		}
+	}
+	log.Info("limits", "cpus", m.CPUs, "memory_mb", m.MemoryMB, "workspace_fs_mb", ws, "disk_capacity_mb", diskCapacityMB,
+		"session_max", cfg.MaxResources, "tenant", cfg.Limits, "tenants_with_own", len(cfg.TenantLimits))
+	return diskCapacityMB, nil
 }
 
 // defaultImageSize is WorkspaceImageSize's default.
@@ -269,6 +311,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		st.Close()
 		return nil, err
 	}
+	diskCapacityMB, err := machineLimits(&cfg, filepath.Join(cfg.DataDir, "workspaces"), log)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
 	replica := replicaName()
 	leader := &leadership{store: st, holder: replica, log: log}
 	// Alive before anything runs: other replicas leave what this one owns.
@@ -332,8 +379,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			}
 			return cfg.Limits
 		},
-		MaxResources: cfg.MaxResources,
-		Publish:      publish,
+		MaxResources:   cfg.MaxResources,
+		DiskCapacityMB: diskCapacityMB,
+		Publish:        publish,
 		Events: func(ev string) {
 			if metrics != nil {
 				metrics.SessionEvent(ev)

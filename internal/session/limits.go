@@ -79,24 +79,67 @@ func (t *tenantLocks) lock(tenant string) func() {
 }
 
 // admitSession checks that the tenant may have one more session that may
-// store diskMB. The caller holds the tenant's lock until the session is
-// recorded.
-func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64) error {
-	l := m.limits(tenant)
-	if l.Sessions == 0 && l.DiskMB == 0 {
-		return nil
+// store diskMB, and that the workspace file system can back it. The
+// caller holds the tenant's lock until the session is recorded, and then
+// calls release.
+func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64) (release func(), err error) {
+	// The tenant's own limits first: they name what the tenant can change.
+	if l := m.limits(tenant); l.Sessions > 0 || l.DiskMB > 0 {
+		u, err := m.opt.Store.TenantUsage(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if l.Sessions > 0 && u.Sessions+1 > l.Sessions {
+			return nil, quotaError(tenant, "sessions", u.Sessions, 1, l.Sessions, "delete a session first")
+		}
+		if l.DiskMB > 0 && u.DiskMB+diskMB > l.DiskMB {
+			return nil, quotaError(tenant, "disk (MiB, the sum of its sessions' resources.disk)", u.DiskMB, diskMB, l.DiskMB, "delete a session or ask for less disk")
+		}
 	}
-	u, err := m.opt.Store.TenantUsage(ctx, tenant)
+	return m.admitDisk(ctx, diskMB)
+}
+
+// diskPromises are the disk quotas of sessions being created: admitted,
+// not yet in the store. Tenants are not serialized with each other, so
+// each create counts those of the others in flight as well as the
+// store's sum (one it has recorded already may be counted twice until it
+// releases: a refusal near the bound, never a pass beyond it).
+type diskPromises struct {
+	mu      sync.Mutex
+	pending int64
+}
+
+// admitDisk checks that the disk quotas of every tenant's sessions, with
+// diskMB more, stay within what the workspace file system backs
+// (Options.DiskCapacityMB), and holds diskMB as promised until release.
+func (m *Manager) admitDisk(ctx context.Context, diskMB int64) (release func(), err error) {
+	capMB := m.opt.DiskCapacityMB
+	if capMB <= 0 {
+		return func() {}, nil
+	}
+	m.disk.mu.Lock()
+	m.disk.pending += diskMB
+	pending := m.disk.pending
+	m.disk.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			m.disk.mu.Lock()
+			m.disk.pending -= diskMB
+			m.disk.mu.Unlock()
+		})
+	}
+	u, err := m.opt.Store.TotalUsage(ctx)
 	if err != nil {
-		return err
+		release()
+		return nil, err
 	}
-	if l.Sessions > 0 && u.Sessions+1 > l.Sessions {
-		return quotaError(tenant, "sessions", u.Sessions, 1, l.Sessions, "delete a session first")
+	if u.DiskMB+pending > capMB {
+		release()
+		return nil, fmt.Errorf("workspace disk: the sessions of this server promise %d MiB (resources.disk, every tenant's), %d more asked, and the workspace file system backs %d MiB (its size times --disk-overcommit); delete a session or ask for less disk: %w",
+			u.DiskMB+pending-diskMB, diskMB, capMB, errdefs.ErrResourceExhausted)
 	}
-	if l.DiskMB > 0 && u.DiskMB+diskMB > l.DiskMB {
-		return quotaError(tenant, "disk (MiB, the sum of its sessions' resources.disk)", u.DiskMB, diskMB, l.DiskMB, "delete a session or ask for less disk")
-	}
-	return nil
+	return release, nil
 }
 
 // setRes records what the entry's sandbox holds, for usage.

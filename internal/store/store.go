@@ -74,6 +74,9 @@ type Store interface {
 	// TenantUsage counts the tenant's sessions that are not terminated
 	// and sums their DiskMB: what its quotas are held against.
 	TenantUsage(ctx context.Context, tenant string) (TenantUsage, error)
+	// TotalUsage is TenantUsage over every tenant: what the workspace
+	// file system, which they share, is held against.
+	TotalUsage(ctx context.Context) (TenantUsage, error)
 	// ListDueSessions returns up to limit sessions of every tenant whose
 	// DueAt is set and not after before, earliest first: the reaper's
 	// work. limit is 1..1000.

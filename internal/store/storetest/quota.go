@@ -13,6 +13,9 @@ func testTenantUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	if u, err := s.TenantUsage(ctx, "t1"); err != nil || u != (store.TenantUsage{}) {
 		t.Errorf("TenantUsage of an empty store = %+v, %v", u, err)
 	}
+	if u, err := s.TotalUsage(ctx); err != nil || u != (store.TenantUsage{}) {
+		t.Errorf("TotalUsage of an empty store = %+v, %v", u, err)
+	}
 	for i, c := range []struct {
 		tenant, status string
 		disk           int64
@@ -27,6 +30,10 @@ func testTenantUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	if u, err := s.TenantUsage(ctx, "t1"); err != nil || u != (store.TenantUsage{Sessions: 3, DiskMB: 157}) {
 		t.Errorf("TenantUsage(t1) = %+v, %v; want 3 sessions, 157 MB", u, err)
 	}
+	// Every tenant's, but for the terminated.
+	if u, err := s.TotalUsage(ctx); err != nil || u != (store.TenantUsage{Sessions: 4, DiskMB: 557}) {
+		t.Errorf("TotalUsage = %+v, %v; want 4 sessions, 557 MB", u, err)
+	}
 	// DiskMB round-trips and follows updates.
 	got, err := s.GetSession(ctx, "t2", "s-4")
 	if err != nil || got.DiskMB != 400 {
@@ -38,6 +45,9 @@ func testTenantUsage(t *testing.T, open func(t *testing.T) store.Store) {
 	}
 	if u, err := s.TenantUsage(ctx, "t2"); err != nil || u != (store.TenantUsage{}) {
 		t.Errorf("TenantUsage(t2) after terminating its session = %+v, %v", u, err)
+	}
+	if u, err := s.TotalUsage(ctx); err != nil || u != (store.TenantUsage{Sessions: 3, DiskMB: 157}) {
+		t.Errorf("TotalUsage after terminating t2's session = %+v, %v", u, err)
 	}
 }
 
