@@ -237,9 +237,9 @@ func limitsUsage(m app.Machine) string {
 	return fmt.Sprintf("every tenant's limits as `NAME=VALUE,...`, over defaults made from this machine (0 is no bound; env SBX_LIMITS): "+
 		"sandboxes (live ones; default one per 256 MiB of memory, here %d), memory (MiB, summed over its live sandboxes; default 3/4 of the memory, here %d), "+
 		"cpu (cores, summed likewise; default 4 per core, here %v), disk (MiB, the sum of its sessions' resources.disk; default the workspace file system's size times --disk-overcommit), "+
-		"sessions (not terminated; default %d), history (executions kept per session; default %d), "+
+		"sessions (not terminated; default %d), history (executions kept per session; default %d), history_size (MiB the tenant's executions take in the metadata store; default %d), "+
 		"snapshots (kept per session; default %d), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies; default %d)",
-		d.Sandboxes, d.MemoryMB, d.CPU, d.Sessions, d.History, d.Snapshots, d.StoredMB)
+		d.Sandboxes, d.MemoryMB, d.CPU, d.Sessions, d.History, d.HistoryMB, d.Snapshots, d.StoredMB)
 }
 
 // llmConfig is the chat loop's endpoint (R-33) from the --llm-* flags

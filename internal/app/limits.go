@@ -46,6 +46,7 @@ func fileSystemMB(dir string) (int64, error) {
 const (
 	DefaultSessions  = 10000
 	DefaultHistory   = 1000
+	DefaultHistoryMB = 1024
 	DefaultSnapshots = 32
 	DefaultStoredMB  = 20 << 10
 	// sandboxMB is the memory a default tenant's live sandboxes are
@@ -77,12 +78,13 @@ const (
 //     (resources.disk) of one tenant never promise more than the file
 //     system holds.
 //
-// Sessions, history (executions kept per session), snapshots and stored
+// Sessions, history (executions kept per session, and 1 GiB of records
+// per tenant in the metadata store), snapshots and stored
 // bytes have fixed defaults. A field the machine cannot say (0) is no
 // bound.
 func DefaultLimits(m Machine, overcommit float64) session.Limits {
 	l := session.Limits{
-		Sessions: DefaultSessions, History: DefaultHistory,
+		Sessions: DefaultSessions, History: DefaultHistory, HistoryMB: DefaultHistoryMB,
 		Snapshots: DefaultSnapshots, StoredMB: DefaultStoredMB,
 		CPU: float64(cpuOvercommit * m.CPUs), MemoryMB: m.MemoryMB * 3 / 4,
 	}

@@ -11,9 +11,9 @@ import (
 // large server both get bounds that fit them, and none is left unbounded
 // but by a machine that cannot say.
 func TestDefaultLimits(t *testing.T) {
-	fixed := session.Limits{Sessions: 10000, History: 1000, Snapshots: 32, StoredMB: 20 << 10}
+	fixed := session.Limits{Sessions: 10000, History: 1000, HistoryMB: 1024, Snapshots: 32, StoredMB: 20 << 10}
 	with := func(l session.Limits) session.Limits {
-		l.Sessions, l.History, l.Snapshots, l.StoredMB = fixed.Sessions, fixed.History, fixed.Snapshots, fixed.StoredMB
+		l.Sessions, l.History, l.HistoryMB, l.Snapshots, l.StoredMB = fixed.Sessions, fixed.History, fixed.HistoryMB, fixed.Snapshots, fixed.StoredMB
 		return l
 	}
 	for _, tc := range []struct {

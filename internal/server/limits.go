@@ -12,8 +12,9 @@ import (
 
 // ParseLimits applies "name=value,..." to base: sessions, sandboxes,
 // memory (MiB, or with a G suffix GiB), cpu (cores), disk (MiB or G),
-// history (executions kept per session), snapshots (kept per session) and
-// stored (MiB or G in the blob store). 0 is no bound.
+// history (executions kept per session), history_size (MiB or G that the
+// tenant's executions take in the metadata store), snapshots (kept per
+// session) and stored (MiB or G in the blob store). 0 is no bound.
 func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	l := base
 	for _, f := range strings.Split(spec, ",") {
@@ -33,6 +34,10 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 			l.Sandboxes, err = count(v)
 		case "history":
 			l.History, err = count(v)
+		case "history_size":
+			if l.HistoryMB, err = mebibytes(v); err == nil && l.HistoryMB > 0 && l.HistoryMB < MinHistoryMB {
+				err = fmt.Errorf("want at least %d MiB (the newest executions' records, whole), or 0", MinHistoryMB)
+			}
 		case "snapshots":
 			l.Snapshots, err = count(v)
 		case "memory":
@@ -44,7 +49,7 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 		case "cpu":
 			l.CPU, err = cores(v)
 		default:
-			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, snapshots or stored", name)
+			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, history_size, snapshots or stored", name)
 		}
 		if err != nil {
 			return l, fmt.Errorf("limit %s: %w", f, err)
@@ -52,6 +57,10 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	}
 	return l, nil
 }
+
+// MinHistoryMB is the least history_size: room for a few of the largest
+// records (execution.MaxRecordBytes).
+const MinHistoryMB = 16
 
 // ParseTenantLimits reads TENANT:name=value,... specs: each tenant named
 // gets defaults with its own values applied.

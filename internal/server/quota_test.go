@@ -148,14 +148,18 @@ func TestTenantQuotas(t *testing.T) {
 }
 
 func TestParseLimits(t *testing.T) {
-	for _, bad := range []string{"sessions", "sessions=-1", "memory=lots", "cpu=NaN", "nope=1", "disk=1T"} {
+	for _, bad := range []string{"sessions", "sessions=-1", "memory=lots", "cpu=NaN", "nope=1", "disk=1T", "history_size=8"} {
 		if _, err := server.ParseLimits(bad, session.Limits{}); err == nil {
 			t.Errorf("ParseLimits(%q) succeeded", bad)
 		}
 	}
-	l, err := server.ParseLimits("sandboxes=3,memory=4G,cpu=1.5,disk=512,stored=2G", session.Limits{History: 9})
-	if err != nil || l != (session.Limits{Sandboxes: 3, MemoryMB: 4096, CPU: 1.5, DiskMB: 512, History: 9, StoredMB: 2048}) {
+	l, err := server.ParseLimits("sandboxes=3,memory=4G,cpu=1.5,disk=512,stored=2G,history_size=2G", session.Limits{History: 9})
+	if err != nil || l != (session.Limits{Sandboxes: 3, MemoryMB: 4096, CPU: 1.5, DiskMB: 512, History: 9, HistoryMB: 2048, StoredMB: 2048}) {
 		t.Errorf("ParseLimits = %+v, %v", l, err)
+	}
+	// Over a base, only what is named changes; 0 is no bound.
+	if l, err := server.ParseLimits("history_size=0,cpu=0", session.Limits{CPU: 8, HistoryMB: 1024, Sessions: 5}); err != nil || l != (session.Limits{Sessions: 5}) {
+		t.Errorf("ParseLimits over a base = %+v, %v", l, err)
 	}
 	for _, bad := range []string{"alpha", ":sessions=1", "al/pha:sessions=1"} {
 		if _, err := server.ParseTenantLimits([]string{bad}, session.Limits{}); err == nil {

@@ -27,6 +27,10 @@ type Limits struct {
 	// History is how many executions are kept per session; older finished
 	// ones are deleted as new ones come.
 	History int `json:"history,omitempty"`
+	// HistoryMB bounds what the tenant's executions, of all its sessions,
+	// take in the metadata store (their records as written); its oldest
+	// finished ones are deleted past it.
+	HistoryMB int64 `json:"history_mb,omitempty"`
 	// Snapshots is how many snapshots each session may keep.
 	Snapshots int `json:"snapshots,omitempty"`
 	// StoredMB bounds what the tenant keeps in the blob store: the chunks
@@ -48,6 +52,10 @@ func (m *Manager) limits(tenant string) Limits {
 // History is how many executions each of the tenant's sessions keeps; 0
 // is all of them.
 func (m *Manager) History(tenant string) int { return m.limits(tenant).History }
+
+// HistoryBytes is what the tenant's executions may take in the store, in
+// bytes; 0 is no bound.
+func (m *Manager) HistoryBytes(tenant string) int64 { return m.limits(tenant).HistoryMB << 20 }
 
 // quotaError is what every refusal looks like: 429 with Retry-After at
 // the edge, and a message naming the limit.
