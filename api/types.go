@@ -465,6 +465,13 @@ type Execution struct {
 	Error           *ExecError      `json:"error,omitempty"`
 	// Artifacts are the workspace paths the run created or modified.
 	Artifacts []string `json:"artifacts"`
+	// Truncated, in a result read back from the server's records, names
+	// the fields the record keeps only in part (stdout, stderr,
+	// error.message, error.traceback, error.type; artifacts: only the
+	// first ones) or not at all (return_value), each with its full size in
+	// bytes (artifacts: their number). The answer of the request that ran
+	// the execution has them whole.
+	Truncated map[string]int64 `json:"truncated,omitempty"`
 }
 
 // ExecutionList is a page of GET /sessions/{id}/executions (R-14),

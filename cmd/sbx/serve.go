@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/url"
 	"os"
-	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/app"
@@ -58,8 +57,9 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		hibern     = fs.Duration("hibernate-timeout", session.DefaultHibernateTimeout, "default idle time after which a session is hibernated (workspace to the blob store, sandbox destroyed)")
 		ttl        = fs.Duration("ttl", session.DefaultTTL, "default time to live of a session (at most 168h)")
 		maxSbx     = fs.Int("max-sandboxes", 0, "most live sandboxes; past it executions get 503 with Retry-After (0: no limit)")
-		limits     = fs.String("limits", defaultLimits, "every tenant's limits as `NAME=VALUE,...`: sessions, sandboxes, memory (MiB), cpu (cores), disk (MiB, the sum of its sessions' quotas), history (executions kept per session), snapshots (kept per session), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies), streams (requests held open, of each kind), chats (chat turns at once), chat_tokens (model tokens an hour, K or M); 0 is no bound (env SBX_LIMITS)")
-		sessMax    = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, 1 TiB of disk)")
+		limits     = fs.String("limits", "", limitsUsage(app.ThisMachine()))
+		overcommit = fs.Float64("disk-overcommit", 1, "how many times the workspace file system's size the sessions' disk quotas (resources.disk) may add up to, over all tenants, and a tenant's by default (0: no bound); past it a create is 429")
+		sessMax    = fs.String("session-max", "", "what one session may ask for, as `cpu=C,memory=MiB,disk=MiB` (default: this machine's cores and memory, and the workspace file system's size, which no disk may pass)")
 		hdrTime    = fs.Duration("http-header-timeout", server.DefaultReadHeaderTimeout, "time a client has to send a request's headers")
 		connIdle   = fs.Duration("http-idle-timeout", server.DefaultHTTPIdleTimeout, "keep-alive connections idle this long are closed")
 		bodyTime   = fs.Duration("http-body-timeout", server.DefaultBodyTimeout, "a request body that sends nothing this long loses its connection (also its head start before --http-min-body-rate)")
@@ -144,26 +144,44 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if env := os.Getenv("SBX_LIMITS"); env != "" && !flagSet(fs, "limits") {
 		*limits = env
 	}
-	lim, err := server.ParseLimits(*limits, session.Limits{})
+	// Checked here, applied by app.Open over the defaults it makes from
+	// the machine once the workspace file system is open.
+	lim, err := server.ParseLimits(*limits, app.DefaultLimits(app.ThisMachine(), *overcommit))
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve: --limits:", err)
 		return 2
 	}
-	tenantLimits, err := server.ParseTenantLimits(tenantLim, lim)
-	if err != nil {
+	if _, err := server.ParseTenantLimits(tenantLim, session.Limits{}); err != nil {
 		fmt.Fprintln(stderr, "sbx serve: --tenant-limit:", err)
 		return 2
+	}
+	if *overcommit < 0 || math.IsNaN(*overcommit) || math.IsInf(*overcommit, 0) {
+		fmt.Fprintf(stderr, "sbx serve: --disk-overcommit %v: want 0 (no bound) or more\n", *overcommit)
+		return 2
+	}
+	limitsFor := func(m app.Machine) (session.Limits, map[string]session.Limits, error) {
+		lim, err := server.ParseLimits(*limits, app.DefaultLimits(m, *overcommit))
+		if err != nil {
+			return lim, nil, fmt.Errorf("--limits: %w", err)
+		}
+		tl, err := server.ParseTenantLimits(tenantLim, lim)
+		if err != nil {
+			return lim, nil, fmt.Errorf("--tenant-limit: %w", err)
+		}
+		return lim, tl, nil
 	}
 	maxRes, err := server.ParseSessionMax(*sessMax)
 	if err != nil {
 		fmt.Fprintln(stderr, "sbx serve: --session-max:", err)
 		return 2
 	}
-	if maxRes.CPU == 0 {
-		maxRes.CPU = float64(goruntime.NumCPU())
-	}
-	if maxRes.Memory == 0 {
-		maxRes.Memory = physicalMemoryMB()
+	if m := app.ThisMachine(); maxRes.CPU == 0 || maxRes.Memory == 0 {
+		if maxRes.CPU == 0 {
+			maxRes.CPU = float64(m.CPUs)
+		}
+		if maxRes.Memory == 0 {
+			maxRes.Memory = m.MemoryMB
+		}
 	}
 	llm, err := llmConfig(fs, *llmURL, *llmModel, *llmModels, *llmKey, *llmSteps, *llmTurns, *llmTokens)
 	if err != nil {
@@ -203,7 +221,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
-		Limits: lim, TenantLimits: tenantLimits, MaxResources: maxRes, Chat: llm,
+		LimitsFor: limitsFor, DiskOvercommit: *overcommit, MaxResources: maxRes, Chat: llm,
 		MetricsInterval: *metricsInt, MetricsHistory: *metricsKep,
 		Edge:      server.EdgeLimits{ReadHeaderTimeout: *hdrTime, IdleTimeout: *connIdle, BodyTimeout: *bodyTime, MinBodyRate: *bodyRate},
 		Snapshots: snapshot.Limits{MaxDepth: *snapDepth, MaxPath: *snapPath, MaxEntries: *snapN, MaxBytes: *snapBytes, Timeout: *snapTime},
@@ -228,16 +246,19 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// defaultLimits bound every tenant unless told otherwise: enough sessions
-// for any one agent platform's users, and a history per session that
-// holds a long conversation's runs. Streams held open (each a goroutine
-// and a connection; event streams poll the store) and chat turns at once
-// (each a model call on the operator's key) are bounded; the chat's
-// tokens are not, as what is dear depends on the model. The rest (sandboxes, memory, CPU,
-// disk) is unbounded by default: set them for several tenants. What a
-// tenant keeps in the blob store is bounded, so that no tenant fills the
-// disk the others keep their snapshots on.
-const defaultLimits = "sessions=10000,history=1000,snapshots=32,stored=20G,streams=64,chats=8"
+// limitsUsage is --limits's help: the names, and the defaults this
+// machine gives them (app.DefaultLimits), except disk's, which waits for
+// the workspace file system.
+func limitsUsage(m app.Machine) string {
+	d := app.DefaultLimits(m, 1)
+	return fmt.Sprintf("every tenant's limits as `NAME=VALUE,...`, over defaults made from this machine (0 is no bound; env SBX_LIMITS): "+
+		"sandboxes (live ones; default one per 256 MiB of memory, here %d), memory (MiB, summed over its live sandboxes; default 3/4 of the memory, here %d), "+
+		"cpu (cores, summed likewise; default 4 per core, here %v), disk (MiB, the sum of its sessions' resources.disk; default the workspace file system's size times --disk-overcommit), "+
+		"sessions (not terminated; default %d), history (executions kept per session; default %d), history_size (MiB the tenant's executions take in the metadata store; default %d), "+
+		"snapshots (kept per session; default %d), stored (MiB in the blob store: snapshots, hibernated workspaces, resource content, presigned copies; default %d), "+
+		"streams (requests held open, of each kind; default %d), chats (chat turns at once; default %d), chat_tokens (model tokens an hour, K or M; default none: what is dear depends on the model)",
+		d.Sandboxes, d.MemoryMB, d.CPU, d.Sessions, d.History, d.HistoryMB, d.Snapshots, d.StoredMB, d.Streams, d.Chats)
+}
 
 // llmConfig is the chat loop's endpoint (R-33) from the --llm-* flags
 // and their SBX_LLM_* variables. The key is never logged nor shown as a
@@ -287,14 +308,4 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
-}
-
-// physicalMemoryMB is the machine's memory in MiB (0 if unknown: the
-// built-in maximum applies).
-func physicalMemoryMB() int64 {
-	var si syscall.Sysinfo_t
-	if err := syscall.Sysinfo(&si); err != nil {
-		return 0
-	}
-	return int64(si.Totalram) * int64(si.Unit) >> 20
 }

@@ -9,7 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -194,11 +194,19 @@ func hexID(b []byte) string {
 func startServe(t *testing.T) (url string, stop func()) {
 	t.Helper()
 	dir := t.TempDir()
+	// Not inside the data directory, which is the server's alone: the
+	// sandboxes' users must pass through every directory above the state
+	// directory (os.TempDir does; the state directory itself is made so).
+	state, err := os.MkdirTemp("", "sbx-serve-state-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(state) })
 	ctx, cancel := context.WithCancel(context.Background())
 	var out lockedBuffer
 	code := make(chan int, 1)
 	go func() {
-		code <- serve(ctx, []string{"--addr", "127.0.0.1:0", "--data-dir", dir, "--state-dir", filepath.Join(dir, "state"),
+		code <- serve(ctx, []string{"--addr", "127.0.0.1:0", "--data-dir", dir, "--state-dir", state,
 			"--workspace-quota", "off", "--prebuild", ""}, &out, &out)
 	}()
 	var once sync.Once

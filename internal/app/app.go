@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -49,7 +50,8 @@ type Config struct {
 	// Version is the server's version, as the MCP server tells clients.
 	Version string
 	// DataDir holds the database (sbx.db), templates, workspaces, blobs and
-	// the URL signing key. Default /var/lib/sbx.
+	// the URL signing key. Default /var/lib/sbx. Open makes it 0700
+	// (dirs.go): only the server enters it.
 	DataDir string
 	// Store is the URL of the metadata store: sqlite:///PATH (default
 	// DataDir/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=...
@@ -59,6 +61,9 @@ type Config struct {
 	// DataDir/blobs).
 	Blob string
 	// StateDir holds sandbox bundles and runtime state. Default /run/sbx.
+	// With the default runtime every sandbox's host user must be able to
+	// pass through each directory above it; Open checks that (as root)
+	// and fails saying which directory and what to run (dirs.go).
 	StateDir string
 	// Keys are the API keys and their tenants (see server.ParseKeys). None: no
 	// authentication, loopback only, everything belongs to tenant
@@ -99,9 +104,19 @@ type Config struct {
 	// TenantLimits a tenant's own, in place of them (server.ParseLimits).
 	Limits       session.Limits
 	TenantLimits map[string]session.Limits
+	// LimitsFor, if set, makes Limits and TenantLimits once Open knows the
+	// machine, workspace file system included (limits.go): sbx serve's
+	// machine-made defaults (DefaultLimits) with its flags over them.
+	LimitsFor func(Machine) (session.Limits, map[string]session.Limits, error)
 	// MaxResources caps what one session may ask for; zero fields are the
-	// built-in maxima (16 cores, 64 GiB, 1 TiB).
+	// built-in maxima (16 cores, 64 GiB) and, for disk, the workspace
+	// file system's size, which a larger disk is lowered to: no session
+	// is promised more than the file system holds.
 	MaxResources api.Resources
+	// DiskOvercommit bounds the sum of every tenant's sessions' disk
+	// quotas (resources.disk) at this many times the workspace file
+	// system's size: past it a create is 429. 0 is no bound.
+	DiskOvercommit float64
 	// E2BTokenTTL is how long an E2B sandbox's access token, handed out by
 	// a create or a connect, stays good. Default 24h (e2b.DefaultTokenTTL).
 	E2BTokenTTL time.Duration
@@ -137,6 +152,37 @@ type Config struct {
 	Log    *slog.Logger
 }
 
+// machineLimits applies to cfg what the machine has, once the workspace
+// file system at root is open: a session's disk within its size, and the
+// limits LimitsFor makes. It returns what the sum of the sessions' disks
+// is held to: DiskOvercommit times the file system's size.
+func machineLimits(cfg *Config, root string, log *slog.Logger) (diskCapacityMB int64, err error) {
+	m := ThisMachine()
+	ws, err := fileSystemMB(root)
+	if err != nil {
+		return 0, fmt.Errorf("workspaces: %w", err)
+	}
+	m.WorkspaceMB = ws
+	if d := cfg.MaxResources.Disk; d == 0 || d > ws {
+		if d > ws {
+			log.Warn("a session's disk is capped at the workspace file system's size", "session_max_disk_mb", d, "workspace_fs_mb", ws)
+		}
+		cfg.MaxResources.Disk = ws
+	}
+	if cfg.DiskOvercommit < 0 || math.IsNaN(cfg.DiskOvercommit) {
+		return 0, fmt.Errorf("disk overcommit %v: want 0 (no bound) or more", cfg.DiskOvercommit)
+	}
+	diskCapacityMB = int64(min(float64(ws)*cfg.DiskOvercommit, 1<<53))
+	if cfg.LimitsFor != nil {
+		if cfg.Limits, cfg.TenantLimits, err = cfg.LimitsFor(m); err != nil {
+			return 0, err
+		}
+	}
+	log.Info("limits", "cpus", m.CPUs, "memory_mb", m.MemoryMB, "workspace_fs_mb", ws, "disk_capacity_mb", diskCapacityMB,
+		"session_max", cfg.MaxResources, "tenant", cfg.Limits, "tenants_with_own", len(cfg.TenantLimits))
+	return diskCapacityMB, nil
+}
+
 // defaultImageSize is WorkspaceImageSize's default.
 const defaultImageSize = 64 << 30
 
@@ -154,6 +200,12 @@ func openQuota(ctx context.Context, cfg Config, log *slog.Logger) (quota.Dirs, e
 	q, err := quota.Open(ctx, cfg.WorkspaceQuota, root, filepath.Join(cfg.DataDir, "workspaces.img"), size)
 	if err != nil {
 		return nil, fmt.Errorf("workspace disk quotas: %w (serve with --workspace-quota=off to run without them, on a machine where no untrusted code runs)", err)
+	}
+	// Only the server enters the workspaces' root (a mounted image's root
+	// comes as mkfs.btrfs made it, 0755); sandboxes reach theirs through
+	// bind mounts (dirs.go).
+	if err := os.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("workspaces %s: %w", root, err)
 	}
 	if q.Kind() == "none" {
 		log.Warn("workspace disk quotas are OFF: code in a sandbox can fill the host's disk; resources.disk only caps single files")
@@ -203,8 +255,15 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err := server.CheckMetricsToken(cfg.MetricsToken, cfg.Keys); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+	if err := prepareDataDir(cfg.DataDir, log); err != nil {
 		return nil, err
+	}
+	// The state directory is the default runtime's; a runtime given in
+	// cfg keeps its own.
+	if cfg.Runtime == nil {
+		if err := checkStateDir(cfg.StateDir, cfg.DataDir); err != nil {
+			return nil, err
+		}
 	}
 	key, err := signingKey(filepath.Join(cfg.DataDir, "signing.key"))
 	if err != nil {
@@ -256,6 +315,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	quotas, err := openQuota(ctx, cfg, log)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	diskCapacityMB, err := machineLimits(&cfg, filepath.Join(cfg.DataDir, "workspaces"), log)
 	if err != nil {
 		st.Close()
 		return nil, err
@@ -325,6 +389,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Leader:         leader.held,
 		Limits:         limitsOf,
 		MaxResources:   cfg.MaxResources,
+		DiskCapacityMB: diskCapacityMB,
 		Publish:        publish,
 		Events: func(ev string) {
 			if metrics != nil {
@@ -478,7 +543,7 @@ func instanceID(path string) (string, error) {
 		}
 		// O_EXCL: of two servers starting at once on a new data
 		// directory, one makes the name and the other reads it.
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if errors.Is(err, fs.ErrExist) {
 			time.Sleep(10 * time.Millisecond)
 			continue

@@ -239,7 +239,11 @@ func (cl *cluster) start(t *testing.T, i int) *replica {
 		"--store", cl.storeURL, "--blob", cl.blobURL,
 		"--data-dir", cl.dir, "--state-dir", cl.state,
 		"--template-dir", testenv.TemplateDir(), "--prebuild", "",
-		"--workspace-image-size", "4", "--webhook-allow-private")
+		"--workspace-image-size", "4", "--webhook-allow-private",
+		// Many sessions of the default GiB on a small image, and sandboxes
+		// on whatever machine runs the tests: the limits are not what is
+		// tested here (TestServeDefaultLimits is their test).
+		"--disk-overcommit", "0", "--limits", "sandboxes=0,memory=0,cpu=0")
 	cmd.Env = cl.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The replica dies with the test process, however that ends: the

@@ -75,6 +75,7 @@ type Service struct {
 
 	mu   sync.Mutex
 	live map[string]*Run
+	hist historySizes // record.go
 }
 
 // New returns a service; Close stops it.
@@ -183,7 +184,7 @@ func (s *Service) Recover(ctx context.Context) error {
 		x.Status, x.FinishedAt = api.ExecFailed, &now
 		x.Error = &api.ExecError{Type: ErrTypeServerRestart, Message: "the server running this execution stopped (a restart or a crash) while it was " + rec.Status + "; its outcome is unknown: submit it again"}
 		rec.Status, rec.FinishedAt = x.Status, now
-		rec.Result, _ = json.Marshal(x)
+		rec.Result = resultRecord(x)
 		err := s.opt.Store.UpdateExecution(ctx, rec)
 		if errors.Is(err, errdefs.ErrConflict) || errors.Is(err, errdefs.ErrNotFound) {
 			continue // it ended (or went) since it was listed: that outcome stands
@@ -296,9 +297,7 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("sbx.execution.id", id), attribute.String("sbx.execution.language", rreq.Language))
 	}
-	stored, _ := json.Marshal(storedRequest{
-		Code: req.Code, Language: rreq.Language, TimeoutMs: rreq.TimeoutMs, Event: req.Event, EnvNames: names(req.EnvVars),
-	})
+	stored := requestRecord(req, rreq.Language, rreq.TimeoutMs)
 	now := time.Now().UTC()
 	r := &Run{
 		rec: store.Execution{
@@ -319,24 +318,6 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 	s.wg.Add(1)
 	go s.run(trace.ContextWithSpan(runCtx, span), r)
 	return r, nil
-}
-
-// storedRequest is what the store keeps of a request: not the values of
-// the environment variables, which may be secrets.
-type storedRequest struct {
-	Code      string          `json:"code"`
-	Language  string          `json:"language"`
-	TimeoutMs int64           `json:"timeout_ms"`
-	Event     json.RawMessage `json:"event,omitempty"`
-	EnvNames  []string        `json:"env_names,omitempty"`
-}
-
-func names(m map[string]string) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }
 
 // Check says whether Submit would refuse req as invalid, before anything
@@ -518,7 +499,7 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 		rec.StartedAt = *x.StartedAt
 	}
 	rec.FinishedAt = *x.FinishedAt
-	rec.Result, _ = json.Marshal(x)
+	rec.Result = resultRecord(x)
 	r.flushMu.Lock() // after any write of the run's progress
 	err := s.opt.Store.UpdateExecution(context.Background(), &rec)
 	told := false // the outcome recorded elsewhere was told of there
@@ -568,6 +549,8 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 			s.log.Warn("trimming execution history", "tenant", rec.Tenant, "session", rec.SessionID, "err", err)
 		}
 	}
+	// And the tenant keeps its history_size over all its sessions.
+	s.keepHistorySize(rec.Tenant, store.RecordBytes(&rec))
 }
 
 // published tells Options.Publish of an execution's end, as recorded:
@@ -656,7 +639,7 @@ func stripped(x *api.Execution) *api.Execution {
 	c := *x
 	c.Stdout, c.Stderr, c.ReturnValue, c.Error, c.ExitCode = "", "", nil, nil, nil
 	c.StdoutTruncated, c.StderrTruncated = false, false
-	c.Artifacts = []string{}
+	c.Artifacts, c.Truncated = []string{}, nil
 	return &c
 }
 
@@ -831,7 +814,7 @@ func (s *Service) flush(r *Run, first bool) {
 		rec.StartedAt = *x.StartedAt
 	}
 	if n > 0 {
-		rec.Result, _ = json.Marshal(x)
+		rec.Result = resultRecord(x)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

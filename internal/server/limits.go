@@ -12,10 +12,11 @@ import (
 
 // ParseLimits applies "name=value,..." to base: sessions, sandboxes,
 // memory (MiB, or with a G suffix GiB), cpu (cores), disk (MiB or G),
-// history (executions kept per session), snapshots (kept per session),
-// stored (MiB or G in the blob store), streams (open of each long-lived
-// kind), chats (chat turns at once) and chat_tokens (model tokens an
-// hour). 0 is no bound.
+// history (executions kept per session), history_size (MiB or G that the
+// tenant's executions take in the metadata store), snapshots (kept per
+// session), stored (MiB or G in the blob store), streams (open of each
+// long-lived kind), chats (chat turns at once) and chat_tokens (model
+// tokens an hour). 0 is no bound.
 func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	l := base
 	for _, f := range strings.Split(spec, ",") {
@@ -35,6 +36,10 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 			l.Sandboxes, err = count(v)
 		case "history":
 			l.History, err = count(v)
+		case "history_size":
+			if l.HistoryMB, err = mebibytes(v); err == nil && l.HistoryMB > 0 && l.HistoryMB < MinHistoryMB {
+				err = fmt.Errorf("want at least %d MiB (the newest executions' records, whole), or 0", MinHistoryMB)
+			}
 		case "snapshots":
 			l.Snapshots, err = count(v)
 		case "memory":
@@ -52,7 +57,7 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 		case "chat_tokens":
 			l.ChatTokens, err = tokens(v)
 		default:
-			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, snapshots, stored, streams, chats or chat_tokens", name)
+			return l, fmt.Errorf("limit %q: unknown; want sessions, sandboxes, memory, cpu, disk, history, history_size, snapshots, stored, streams, chats or chat_tokens", name)
 		}
 		if err != nil {
 			return l, fmt.Errorf("limit %s: %w", f, err)
@@ -60,6 +65,10 @@ func ParseLimits(spec string, base session.Limits) (session.Limits, error) {
 	}
 	return l, nil
 }
+
+// MinHistoryMB is the least history_size: room for a few of the largest
+// records (execution.MaxRecordBytes).
+const MinHistoryMB = 16
 
 // ParseTenantLimits reads TENANT:name=value,... specs: each tenant named
 // gets defaults with its own values applied.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/maphash"
 	"io"
 	"net/http"
 	"sync"
@@ -41,14 +40,51 @@ const (
 // resourcesPath is where the sandbox sees the resources.
 const resourcesPath = sandboxWorkspace + "/" + workspace.ResourcesDir
 
-// resourceLocks serialize syncs of one session (striped: a sync is short).
-var (
-	resourceLocks [64]sync.Mutex
-	resourceSeed  = maphash.MakeSeed()
-)
+// syncLocks serialize the resource syncs of one session, and nothing
+// else: a sync can be slow (a blob store that answers slowly, a large
+// resource), and one tenant's must hold up no other session's, as locks
+// shared by several sessions would. A sync waiting for its session's turn
+// gives up when its request ends.
+type syncLocks struct {
+	mu   sync.Mutex
+	held map[string]*syncLock
+}
 
-func resourceLock(tenant, sid string) *sync.Mutex {
-	return &resourceLocks[maphash.String(resourceSeed, tenant+"\x00"+sid)%uint64(len(resourceLocks))]
+// syncLock is one session's lock: a token in ch is the holder's; refs
+// counts holders and waiters, and the entry goes with the last of them.
+type syncLock struct {
+	ch   chan struct{}
+	refs int
+}
+
+// lock takes the session's lock, or gives up with ctx's error.
+func (l *syncLocks) lock(ctx context.Context, tenant, sid string) (unlock func(), err error) {
+	key := tenant + "\x00" + sid
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]*syncLock{}
+	}
+	e := l.held[key]
+	if e == nil {
+		e = &syncLock{ch: make(chan struct{}, 1)}
+		l.held[key] = e
+	}
+	e.refs++
+	l.mu.Unlock()
+	release := func() {
+		l.mu.Lock()
+		if e.refs--; e.refs == 0 {
+			delete(l.held, key)
+		}
+		l.mu.Unlock()
+	}
+	select {
+	case e.ch <- struct{}{}:
+		return func() { <-e.ch; release() }, nil
+	case <-ctx.Done():
+		release()
+		return nil, ctx.Err()
+	}
 }
 
 // syncResources: PUT /sessions/{id}/resources.
@@ -74,8 +110,11 @@ func (s *Server) syncResources(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	mu := resourceLock(t, sid)
-	mu.Lock()
+	unlock, err := s.syncLocks.lock(ctx, t, sid)
+	if err != nil {
+		s.writeError(w, r, err)
+		return
+	}
 	done, err := ws.SyncResources(ctx, want, func(ctx context.Context, sum string) (io.ReadCloser, int64, error) {
 		o, err := s.opt.Objects.OpenObject(ctx, t, sum)
 		if err != nil {
@@ -83,7 +122,7 @@ func (s *Server) syncResources(w http.ResponseWriter, r *http.Request) {
 		}
 		return o, o.Size(), nil
 	})
-	mu.Unlock()
+	unlock()
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -5,13 +5,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/client"
@@ -167,4 +172,108 @@ type zeroReader struct{}
 func (zeroReader) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// One session's resource sync that hangs (here: its content's manifest
+// in the blob store is a FIFO nobody writes to) holds up no other
+// session's: not another tenant's, of which there are more sessions than
+// a lock shared by several sessions could keep apart, nor another of its
+// own tenant's. Once the content comes, the hung sync ends as usual.
+func TestResourceSyncLockPerSession(t *testing.T) {
+	ts := start(t, "key-alpha-1:alpha", "key-beta-2:beta")
+	ca, cb := ts.client("key-alpha-1"), ts.client("key-beta-2")
+	ctx := context.Background()
+	for _, id := range []string{"slow", "quick"} {
+		if _, _, err := ca.CreateSession(ctx, api.CreateSessionRequest{SessionID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	content := []byte("# A skill whose content hangs\n")
+	if err := ca.PutContent(ctx, content); err != nil {
+		t.Fatal(err)
+	}
+	h := sha256.Sum256(content)
+	sum := hex.EncodeToString(h[:])
+	manifests, _ := filepath.Glob(filepath.Join(ts.dir, "blobs", "snapshots", "manifests", "*", "_objects", sum))
+	if len(manifests) != 1 {
+		t.Fatalf("the content's manifest in the blob store: %v", manifests)
+	}
+	saved, err := os.ReadFile(manifests[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(manifests[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(manifests[0], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hung := make(chan error, 1)
+	go func() {
+		_, err := ca.SyncResources(ctx, "slow", map[string][]byte{"skills/slow/SKILL.md": content})
+		hung <- err
+	}()
+	// Opening the FIFO for writing returns once the server has opened it
+	// for reading: the sync of "slow" is then inside its lock, and stays
+	// there until the manifest is written.
+	fifo, err := os.OpenFile(manifests[0], os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fifo.Close()
+
+	// Every other session syncs meanwhile. 65 of another tenant's: with
+	// 64 locks shared between sessions one of them would wait on "slow"'s.
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute) // a deadlock's bound, not a measurement
+	defer cancel()
+	other := map[string][]byte{"skills/other/SKILL.md": []byte("# Another skill\n")}
+	if err := cb.PutContent(wctx, other["skills/other/SKILL.md"]); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 66)
+	var wg sync.WaitGroup
+	for i := range 65 {
+		id := fmt.Sprintf("b%02d", i)
+		if _, _, err := cb.CreateSession(wctx, api.CreateSessionRequest{SessionID: id}); err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := cb.SyncResources(wctx, id, other)
+			if err == nil && !res.Complete {
+				err = fmt.Errorf("session %s: incomplete: %+v", id, res)
+			}
+			errs <- err
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_, err := ca.SyncResources(wctx, "quick", other)
+		errs <- err
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a sync while another session's hung: %v", err)
+		}
+	}
+	select {
+	case err := <-hung:
+		t.Fatalf("the hung sync ended before its content came: %v", err)
+	default:
+	}
+
+	if _, err := fifo.Write(saved); err != nil {
+		t.Fatal(err)
+	}
+	fifo.Close()
+	if err := <-hung; err != nil {
+		t.Fatalf("the hung sync, once its content came: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ts.dir, "workspaces", "alpha", "slow", ".resources", "skills", "slow", "SKILL.md")); err != nil || string(b) != string(content) {
+		t.Fatalf("the hung sync's resource: %q %v", b, err)
+	}
 }

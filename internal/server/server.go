@@ -101,6 +101,9 @@ type Server struct {
 	streams   map[streamKey]int
 	// budgets are the tenants' chat tokens (chatbudget.go).
 	budgets chatBudgets
+
+	// syncLocks serialize each session's resource syncs (resources.go).
+	syncLocks syncLocks
 }
 
 // New returns the server; Handler is what to serve.

@@ -164,7 +164,7 @@ func validate(req *api.CreateSessionRequest, d Defaults, caps api.Resources) (*C
 			return nil, invalid("resources.memory %d: want %d..%d MiB (this server's limit for one session)", r.Memory, minMemoryMB, caps.Memory)
 		}
 		if r.Disk != 0 && (r.Disk < minDiskMB || r.Disk > caps.Disk) {
-			return nil, invalid("resources.disk %d: want %d..%d MiB (this server's limit for one session)", r.Disk, minDiskMB, caps.Disk)
+			return nil, invalid("resources.disk %d: want %d..%d MiB (this server's limit for one session, at most what its workspace file system holds)", r.Disk, minDiskMB, caps.Disk)
 		}
 		c.Resources = *r
 	}

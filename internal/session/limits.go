@@ -27,6 +27,10 @@ type Limits struct {
 	// History is how many executions are kept per session; older finished
 	// ones are deleted as new ones come.
 	History int `json:"history,omitempty"`
+	// HistoryMB bounds what the tenant's executions, of all its sessions,
+	// take in the metadata store (their records as written); its oldest
+	// finished ones are deleted past it.
+	HistoryMB int64 `json:"history_mb,omitempty"`
 	// Snapshots is how many snapshots each session may keep.
 	Snapshots int `json:"snapshots,omitempty"`
 	// StoredMB bounds what the tenant keeps in the blob store: the chunks
@@ -59,6 +63,10 @@ func (m *Manager) limits(tenant string) Limits {
 // is all of them.
 func (m *Manager) History(tenant string) int { return m.limits(tenant).History }
 
+// HistoryBytes is what the tenant's executions may take in the store, in
+// bytes; 0 is no bound.
+func (m *Manager) HistoryBytes(tenant string) int64 { return m.limits(tenant).HistoryMB << 20 }
+
 // quotaError is what every refusal looks like: 429 with Retry-After at
 // the edge, and a message naming the limit.
 func quotaError(tenant, what string, have, want, limit any, how string) error {
@@ -89,24 +97,67 @@ func (t *tenantLocks) lock(tenant string) func() {
 }
 
 // admitSession checks that the tenant may have one more session that may
-// store diskMB. The caller holds the tenant's lock until the session is
-// recorded.
-func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64) error {
-	l := m.limits(tenant)
-	if l.Sessions == 0 && l.DiskMB == 0 {
-		return nil
+// store diskMB, and that the workspace file system can back it. The
+// caller holds the tenant's lock until the session is recorded, and then
+// calls release.
+func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64) (release func(), err error) {
+	// The tenant's own limits first: they name what the tenant can change.
+	if l := m.limits(tenant); l.Sessions > 0 || l.DiskMB > 0 {
+		u, err := m.opt.Store.TenantUsage(ctx, tenant)
+		if err != nil {
+			return nil, err
+		}
+		if l.Sessions > 0 && u.Sessions+1 > l.Sessions {
+			return nil, quotaError(tenant, "sessions", u.Sessions, 1, l.Sessions, "delete a session first")
+		}
+		if l.DiskMB > 0 && u.DiskMB+diskMB > l.DiskMB {
+			return nil, quotaError(tenant, "disk (MiB, the sum of its sessions' resources.disk)", u.DiskMB, diskMB, l.DiskMB, "delete a session or ask for less disk")
+		}
 	}
-	u, err := m.opt.Store.TenantUsage(ctx, tenant)
+	return m.admitDisk(ctx, diskMB)
+}
+
+// diskPromises are the disk quotas of sessions being created: admitted,
+// not yet in the store. Tenants are not serialized with each other, so
+// each create counts those of the others in flight as well as the
+// store's sum (one it has recorded already may be counted twice until it
+// releases: a refusal near the bound, never a pass beyond it).
+type diskPromises struct {
+	mu      sync.Mutex
+	pending int64
+}
+
+// admitDisk checks that the disk quotas of every tenant's sessions, with
+// diskMB more, stay within what the workspace file system backs
+// (Options.DiskCapacityMB), and holds diskMB as promised until release.
+func (m *Manager) admitDisk(ctx context.Context, diskMB int64) (release func(), err error) {
+	capMB := m.opt.DiskCapacityMB
+	if capMB <= 0 {
+		return func() {}, nil
+	}
+	m.disk.mu.Lock()
+	m.disk.pending += diskMB
+	pending := m.disk.pending
+	m.disk.mu.Unlock()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			m.disk.mu.Lock()
+			m.disk.pending -= diskMB
+			m.disk.mu.Unlock()
+		})
+	}
+	u, err := m.opt.Store.TotalUsage(ctx)
 	if err != nil {
-		return err
+		release()
+		return nil, err
 	}
-	if l.Sessions > 0 && u.Sessions+1 > l.Sessions {
-		return quotaError(tenant, "sessions", u.Sessions, 1, l.Sessions, "delete a session first")
+	if u.DiskMB+pending > capMB {
+		release()
+		return nil, fmt.Errorf("workspace disk: the sessions of this server promise %d MiB (resources.disk, every tenant's), %d more asked, and the workspace file system backs %d MiB (its size times --disk-overcommit); delete a session or ask for less disk: %w",
+			u.DiskMB+pending-diskMB, diskMB, capMB, errdefs.ErrResourceExhausted)
 	}
-	if l.DiskMB > 0 && u.DiskMB+diskMB > l.DiskMB {
-		return quotaError(tenant, "disk (MiB, the sum of its sessions' resources.disk)", u.DiskMB, diskMB, l.DiskMB, "delete a session or ask for less disk")
-	}
-	return nil
+	return release, nil
 }
 
 // setRes records what the entry's sandbox holds, for usage.

@@ -267,3 +267,53 @@ func TestSnapshotsListedAndDropped(t *testing.T) {
 		t.Errorf("%d snapshots left after the session's delete", n)
 	}
 }
+
+// The disk quotas of every tenant's sessions together stay within what
+// the workspace file system backs (DiskCapacityMB), whatever each
+// tenant's own limit says: creates from many tenants at once never pass
+// it, a refusal is 429 (retryable: a delete frees room), and terminated
+// sessions free their share.
+func TestDiskCapacity(t *testing.T) {
+	m := newManager(t, runtimetest.NewFake(), func(o *Options) { o.DiskCapacityMB = 1000 })
+	ctx := context.Background()
+	var ok, refused atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _, err := m.Create(ctx, fmt.Sprintf("t%d", i), api.CreateSessionRequest{SessionID: "s", Resources: &api.Resources{Disk: 300}})
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, errdefs.ErrResourceExhausted):
+				if !strings.Contains(err.Error(), "workspace file system backs 1000 MiB") {
+					t.Errorf("refusal does not say why: %v", err)
+				}
+				refused.Add(1)
+			default:
+				t.Errorf("create: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	// Three of 300 fit in 1000; a create may be refused while another
+	// finishes recording, never let past the bound.
+	if u, err := m.opt.Store.TotalUsage(ctx); err != nil || u.DiskMB > 1000 || ok.Load() < 1 || ok.Load() > 3 || ok.Load()+refused.Load() != 20 {
+		t.Fatalf("%d created (%+v, %v), %d refused; want at most 1000 MiB promised", ok.Load(), u, err, refused.Load())
+	}
+	u, _ := m.opt.Store.TotalUsage(ctx)
+	room := 1000 - u.DiskMB
+	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "fits", Resources: &api.Resources{Disk: room}}); err != nil {
+		t.Fatalf("a session for the %d MiB left: %v", room, err)
+	}
+	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "over", Resources: &api.Resources{Disk: 16}}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("past the file system: %v", err)
+	}
+	if _, err := m.Delete(ctx, "late", "fits"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "over", Resources: &api.Resources{Disk: 16}}); err != nil {
+		t.Fatalf("after a delete: %v", err)
+	}
+}

@@ -144,11 +144,14 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	// The tenant's quotas hold from this check until the record is in.
 	unlockTenant := m.tenants.lock(tenant)
 	defer unlockTenant()
-	if err := m.admitSession(ctx, tenant, cfg.Resources.Disk); err != nil {
+	release, err := m.admitSession(ctx, tenant, cfg.Resources.Disk)
+	if err != nil {
 		return nil, false, err
 	}
-	// Every uid of the sandbox must be able to traverse the parents.
-	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o711); err != nil {
+	defer release() // on the way out of a failure; at once after the insert otherwise
+	// The tenant's directory is the server's alone: sandboxes reach their
+	// workspace through a bind mount the server makes, never by this path.
+	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o700); err != nil {
 		return nil, false, err
 	}
 	// A workspace left by a session of this id that a crash kept from
@@ -159,7 +162,9 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if err := m.ws.Make(ctx, m.ws.Dir(k.tenant, k.id), cfg.Resources.Disk); err != nil {
 		return nil, false, fmt.Errorf("session %q: workspace: %w", req.SessionID, err)
 	}
-	if err := m.opt.Store.CreateSession(ctx, rec); err != nil {
+	err = m.opt.Store.CreateSession(ctx, rec)
+	release() // the store's sum has it now
+	if err != nil {
 		return nil, false, err
 	}
 	m.emit(ctx, api.EventSessionCreated, rec, api.EventData{Metadata: meta})

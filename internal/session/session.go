@@ -125,6 +125,11 @@ type Options struct {
 	// MaxResources caps what one session may ask for, server-wide; zero
 	// fields are the built-in maxima (16 cores, 64 GiB, 1 TiB).
 	MaxResources api.Resources
+	// DiskCapacityMB bounds the sum of the disk quotas (resources.disk)
+	// of every tenant's sessions that are not terminated: what the
+	// workspace file system can back (its size, times an overcommit the
+	// operator chose). 0 is no bound.
+	DiskCapacityMB int64
 }
 
 // Session is a session's record with its decoded configuration.
@@ -165,6 +170,7 @@ type Manager struct {
 	admit   sync.Mutex
 	tenants tenantLocks
 	stored  storedBytes
+	disk    diskPromises
 }
 
 type key struct{ tenant, id string }

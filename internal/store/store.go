@@ -74,6 +74,9 @@ type Store interface {
 	// TenantUsage counts the tenant's sessions that are not terminated
 	// and sums their DiskMB: what its quotas are held against.
 	TenantUsage(ctx context.Context, tenant string) (TenantUsage, error)
+	// TotalUsage is TenantUsage over every tenant: what the workspace
+	// file system, which they share, is held against.
+	TotalUsage(ctx context.Context) (TenantUsage, error)
 	// ListDueSessions returns up to limit sessions of every tenant whose
 	// DueAt is set and not after before, earliest first: the reaper's
 	// work. limit is 1..1000.
@@ -114,6 +117,16 @@ type Store interface {
 	// newest keep (by CreatedAt, then ID), leaving pending and running ones
 	// alone, and returns how many it removed. keep is at least 1.
 	TrimExecutions(ctx context.Context, tenant, sessionID string, keep int) (int, error)
+	// TrimTenantExecutions removes the tenant's oldest finished
+	// executions, of any session, until its executions' records (the
+	// bytes of Request and Result as written) add up to at most keepBytes,
+	// leaving pending and running ones alone (their bytes count); it
+	// returns how many it removed and the bytes the tenant's records hold
+	// after. keepBytes 0 removes every finished one; negative is
+	// errdefs.ErrInvalidArgument. It reads every record's size: call it
+	// when an estimate says the tenant is past its bound, not on every
+	// write.
+	TrimTenantExecutions(ctx context.Context, tenant string, keepBytes int64) (removed int, kept int64, err error)
 
 	// PutUpload records an upload, replacing the one at its path.
 	PutUpload(ctx context.Context, u *Upload) error

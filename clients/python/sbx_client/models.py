@@ -265,6 +265,10 @@ class Execution:
     return_value: Any = None
     error: Optional[ExecError] = _nested(ExecError)
     artifacts: List[str] = field(default_factory=list)
+    #: In a result read back from the server's record: the fields it keeps
+    #: only in part (or, for return_value, not at all), with their full
+    #: sizes in bytes. Empty for the answer of the request that ran it.
+    truncated: Dict[str, int] = field(default_factory=dict)
     raw: Dict[str, Any] = _raw()
 
     @property

@@ -15,6 +15,9 @@ import (
 const executionColumns = `id, tenant, session_id, status, language, conversation_id, context_id, request, result,
 	created_at, started_at, finished_at, owner`
 
+// writeColumns are executionColumns and the record's size in bytes.
+const writeColumns = executionColumns + `, bytes`
+
 // summaryColumns are the columns of a listing: no request, no result (a
 // row's can be tens of MiB; a page has up to 1,000 rows). Not selected,
 // they stay in their TOAST table, unread.
@@ -27,8 +30,8 @@ func (s *Store) CreateExecution(ctx context.Context, x *store.Execution) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.pool.Exec(ctx, `INSERT INTO executions (`+executionColumns+`)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`, args...)
+	_, err = s.pool.Exec(ctx, `INSERT INTO executions (`+writeColumns+`)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)`, args...)
 	if isDuplicate(err) {
 		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrAlreadyExists)
 	}
@@ -45,7 +48,7 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 		return err
 	}
 	tag, err := s.pool.Exec(ctx, `UPDATE executions SET session_id = $3, status = $4, language = $5, conversation_id = $6,
-		context_id = $7, request = $8, result = $9, created_at = $10, started_at = $11, finished_at = $12, owner = $13
+		context_id = $7, request = $8, result = $9, created_at = $10, started_at = $11, finished_at = $12, owner = $13, bytes = $14
 		WHERE id = $1 AND tenant = $2 AND status IN ('pending', 'running')`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
@@ -181,7 +184,7 @@ func (s *Store) querySummaries(ctx context.Context, q string, args ...any) ([]*s
 	return out, rows.Err()
 }
 
-// executionArgs checks x and returns its columns in executionColumns order.
+// executionArgs checks x and returns its columns in writeColumns order.
 func executionArgs(x *store.Execution) ([]any, error) {
 	if x == nil {
 		return nil, fmt.Errorf("execution: nil: %w", errdefs.ErrInvalidArgument)
@@ -194,7 +197,7 @@ func executionArgs(x *store.Execution) ([]any, error) {
 	}
 	return []any{
 		x.ID, x.Tenant, x.SessionID, x.Status, x.Language, x.ConversationID, x.ContextID, rawJSON(x.Request), rawJSON(x.Result),
-		ts(x.CreatedAt), ts(x.StartedAt), ts(x.FinishedAt), x.Owner,
+		ts(x.CreatedAt), ts(x.StartedAt), ts(x.FinishedAt), x.Owner, store.RecordBytes(x),
 	}, nil
 }
 
@@ -211,4 +214,44 @@ func scanExecution(row pgx.Row) (*store.Execution, error) {
 	x.Request, x.Result = fromRawJSON(req), fromRawJSON(res)
 	x.CreatedAt, x.StartedAt, x.FinishedAt = fromTS(created), fromTS(started), fromTS(finished)
 	return &x, nil
+}
+
+// TrimTenantExecutions implements store.Store.
+func (s *Store) TrimTenantExecutions(ctx context.Context, tenant string, keepBytes int64) (int, int64, error) {
+	if keepBytes < 0 {
+		return 0, 0, fmt.Errorf("trim executions: keep %d bytes: want 0 or more: %w", keepBytes, errdefs.ErrInvalidArgument)
+	}
+	what := fmt.Sprintf("trim executions of tenant %q", tenant)
+	rows, err := s.pool.Query(ctx, `SELECT created_at, id, status, bytes FROM executions WHERE tenant = $1
+		ORDER BY created_at DESC, id DESC`, tenant)
+	if err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	var w store.TrimWalk
+	for rows.Next() {
+		var (
+			at         pgtype.Timestamptz
+			id, status string
+			n          int64
+		)
+		if err := rows.Scan(&at, &id, &status, &n); err != nil {
+			rows.Close()
+			return 0, 0, dbErr(what, err)
+		}
+		w.Add(keepBytes, fromTS(at), id, status, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	if !w.Cut() {
+		return 0, w.Total, nil
+	}
+	at, id := w.CutAt()
+	tag, err := s.pool.Exec(ctx, `DELETE FROM executions WHERE tenant = $1 AND status NOT IN ('pending', 'running')
+		AND (created_at, id) <= ($2, $3)`, tenant, ts(at), id)
+	if err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	return int(tag.RowsAffected()), w.Kept(), nil
 }

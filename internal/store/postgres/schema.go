@@ -143,6 +143,15 @@ CREATE TABLE events (
 CREATE INDEX events_by_session ON events (tenant, session_id, seq);
 CREATE INDEX events_by_time ON events (created_at);
 `,
+	// 6: what each execution's record takes (request and result, in
+	// bytes), so that a tenant's history is held to a size: a walk of the
+	// tenant's rows in this index, newest first, never reads a request or
+	// a result.
+	`
+ALTER TABLE executions ADD COLUMN bytes bigint NOT NULL DEFAULT 0;
+UPDATE executions SET bytes = COALESCE(octet_length(request::text), 0) + COALESCE(octet_length(result::text), 0);
+CREATE INDEX executions_by_tenant ON executions (tenant, created_at, id) INCLUDE (status, bytes);
+`,
 }
 
 // migrationLock is the key of the advisory lock a migration holds: any

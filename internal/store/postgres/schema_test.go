@@ -109,3 +109,32 @@ func TestMigrateRevision(t *testing.T) {
 		t.Errorf("updating it = %v, revision %d; want nil, 2", err, sess.Revision)
 	}
 }
+
+// TestMigrateRecordBytes: executions a database held before records had
+// a size come out of the migration counted at the size of their request
+// and result, so a tenant's history bound holds for them too.
+func TestMigrateRecordBytes(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := migrate(ctx, pool, migrations[:5]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO executions (id, tenant, session_id, status, language, conversation_id, context_id, request, result, created_at)
+		VALUES ('x', 't', 's', 'completed', 'python', '', '', '{"code":"1"}', '{"stdout":"é"}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// 12 bytes of request, 15 of result (é is two).
+	if n, kept, err := s.TrimTenantExecutions(ctx, "t", 1000); err != nil || n != 0 || kept != 27 {
+		t.Errorf("an execution from before sizes: %d removed, %d kept, %v; want 27 bytes", n, kept, err)
+	}
+}

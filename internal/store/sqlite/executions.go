@@ -13,6 +13,9 @@ import (
 const executionColumns = `id, tenant, session_id, status, language, conversation_id, context_id, request, result,
 	created_at, started_at, finished_at, owner`
 
+// writeColumns are executionColumns and the record's size in bytes.
+const writeColumns = executionColumns + `, bytes`
+
 // summaryColumns are the columns of a listing: no request, no result (a
 // row's can be tens of MiB; a page has up to 1,000 rows).
 const summaryColumns = `id, tenant, session_id, status, language, conversation_id, context_id,
@@ -24,7 +27,7 @@ func (s *Store) CreateExecution(ctx context.Context, x *store.Execution) error {
 	if err != nil {
 		return err
 	}
-	_, err = s.w.ExecContext(ctx, `INSERT INTO executions (`+executionColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
+	_, err = s.w.ExecContext(ctx, `INSERT INTO executions (`+writeColumns+`) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, args...)
 	if isDuplicate(err) {
 		return fmt.Errorf("execution %q: %w", x.ID, errdefs.ErrAlreadyExists)
 	}
@@ -43,7 +46,7 @@ func (s *Store) UpdateExecution(ctx context.Context, x *store.Execution) error {
 	// The key goes last, for the WHERE.
 	args = append(args[2:], x.ID, x.Tenant)
 	res, err := s.w.ExecContext(ctx, `UPDATE executions SET session_id = ?, status = ?, language = ?, conversation_id = ?,
-		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?, owner = ?
+		context_id = ?, request = ?, result = ?, created_at = ?, started_at = ?, finished_at = ?, owner = ?, bytes = ?
 		WHERE id = ? AND tenant = ? AND status IN ('pending', 'running')`, args...)
 	if err != nil {
 		return dbErr(fmt.Sprintf("update execution %q", x.ID), err)
@@ -167,7 +170,7 @@ func (s *Store) queryExecutions(ctx context.Context, q string, args ...any) ([]*
 	return out, rows.Err()
 }
 
-// executionArgs checks x and returns its columns in executionColumns order.
+// executionArgs checks x and returns its columns in writeColumns order.
 func executionArgs(x *store.Execution) ([]any, error) {
 	if x == nil {
 		return nil, fmt.Errorf("execution: nil: %w", errdefs.ErrInvalidArgument)
@@ -180,7 +183,7 @@ func executionArgs(x *store.Execution) ([]any, error) {
 	}
 	return []any{
 		x.ID, x.Tenant, x.SessionID, x.Status, x.Language, x.ConversationID, x.ContextID, rawJSON(x.Request), rawJSON(x.Result),
-		micros(x.CreatedAt), micros(x.StartedAt), micros(x.FinishedAt), x.Owner,
+		micros(x.CreatedAt), micros(x.StartedAt), micros(x.FinishedAt), x.Owner, store.RecordBytes(x),
 	}, nil
 }
 
@@ -220,4 +223,50 @@ func (s *Store) TrimExecutions(ctx context.Context, tenant, sessionID string, ke
 		return 0, dbErr(fmt.Sprintf("trim executions of session %q", sessionID), err)
 	}
 	return int(n), nil
+}
+
+// TrimTenantExecutions implements store.Store.
+func (s *Store) TrimTenantExecutions(ctx context.Context, tenant string, keepBytes int64) (int, int64, error) {
+	if keepBytes < 0 {
+		return 0, 0, fmt.Errorf("trim executions: keep %d bytes: want 0 or more: %w", keepBytes, errdefs.ErrInvalidArgument)
+	}
+	what := fmt.Sprintf("trim executions of tenant %q", tenant)
+	rows, err := s.r.QueryContext(ctx, `SELECT created_at, id, status, bytes FROM executions WHERE tenant = ?
+		ORDER BY created_at DESC, id DESC`, tenant)
+	if err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	var w store.TrimWalk
+	for rows.Next() {
+		var (
+			at         int64
+			id, status string
+			n          int64
+		)
+		if err := rows.Scan(&at, &id, &status, &n); err != nil {
+			rows.Close()
+			return 0, 0, dbErr(what, err)
+		}
+		w.Add(keepBytes, fromMicros(sql.NullInt64{Int64: at, Valid: true}), id, status, n)
+	}
+	if err := rows.Close(); err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	if err := rows.Err(); err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	if !w.Cut() {
+		return 0, w.Total, nil
+	}
+	at, id := w.CutAt()
+	res, err := s.w.ExecContext(ctx, `DELETE FROM executions WHERE tenant = ? AND status NOT IN ('pending', 'running')
+		AND (created_at, id) <= (?, ?)`, tenant, micros(at), id)
+	if err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, 0, dbErr(what, err)
+	}
+	return int(n), w.Kept(), nil
 }

@@ -141,6 +141,15 @@ CREATE TABLE events (
 CREATE INDEX events_by_session ON events (tenant, session_id, seq);
 CREATE INDEX events_by_time ON events (created_at);
 `,
+	// 8: what each execution's record takes (request and result, in
+	// bytes), so that a tenant's history is held to a size: a walk of
+	// the tenant's rows in this index, newest first, never reads a
+	// request or a result.
+	`
+ALTER TABLE executions ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0;
+UPDATE executions SET bytes = COALESCE(length(CAST(request AS BLOB)), 0) + COALESCE(length(CAST(result AS BLOB)), 0);
+CREATE INDEX executions_by_tenant ON executions (tenant, created_at, id, status, bytes);
+`,
 }
 
 // migrate brings the schema to the newest version. It runs in one

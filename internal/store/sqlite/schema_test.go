@@ -48,3 +48,38 @@ func TestMigrateRevision(t *testing.T) {
 		t.Errorf("user_version = %d, %v; want %d", v, err, len(migrations))
 	}
 }
+
+// TestMigrateRecordBytes: executions a file held before records had a
+// size come out of the migration counted at the size of their request
+// and result, so a tenant's history bound holds for them too.
+func TestMigrateRecordBytes(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "sbx.db")
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range migrations[:7] {
+		if _, err := db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = db.ExecContext(ctx, `INSERT INTO executions (id, tenant, session_id, status, language, conversation_id, context_id, request, result, created_at)
+		VALUES ('x', 't', 's', 'completed', 'python', '', '', CAST('{"code":"1"}' AS BLOB), CAST('{"stdout":"é"}' AS BLOB), 1)`)
+	if err == nil {
+		_, err = db.ExecContext(ctx, `PRAGMA user_version = 7`)
+	}
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// 12 bytes of request, 15 of result (é is two).
+	if n, kept, err := s.TrimTenantExecutions(ctx, "t", 1000); err != nil || n != 0 || kept != 27 {
+		t.Errorf("an execution from before sizes: %d removed, %d kept, %v; want 27 bytes", n, kept, err)
+	}
+}

@@ -245,6 +245,16 @@ func (s *Store) TenantUsage(ctx context.Context, tenant string) (store.TenantUsa
 	return u, nil
 }
 
+// TotalUsage implements store.Store.
+func (s *Store) TotalUsage(ctx context.Context) (store.TenantUsage, error) {
+	var u store.TenantUsage
+	err := s.r.QueryRowContext(ctx, `SELECT count(*), COALESCE(SUM(disk_mb), 0) FROM sessions WHERE status != 'terminated'`).Scan(&u.Sessions, &u.DiskMB)
+	if err != nil {
+		return u, dbErr("usage of every tenant", err)
+	}
+	return u, nil
+}
+
 // countByStatus counts the rows of table by status; table is a constant.
 func (s *Store) countByStatus(ctx context.Context, table string) (map[string]int, error) {
 	rows, err := s.r.QueryContext(ctx, `SELECT status, count(*) FROM `+table+` GROUP BY status`)

@@ -43,6 +43,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"CountSessions", testCountSessions},
 		{"TenantUsage", testTenantUsage},
 		{"TrimExecutions", testTrimExecutions},
+		{"TrimTenantExecutions", testTrimTenantExecutions},
 		{"DueSessions", testDueSessions},
 		{"SandboxSessions", testSandboxSessions},
 		{"ExecutionCRUD", testExecutionCRUD},
