@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -305,20 +304,8 @@ func TestBuildFailureLeavesNothing(t *testing.T) {
 	if !strings.Contains(err.Error(), "sbx-test-no-such-package") {
 		t.Errorf("the error does not say what failed: %v", err)
 	}
-	// The base layer is ~85 MB, apt's lists take ~50 more, and installing
-	// python3 ~50 more before apt-get clean: 110 MiB is passed while apt
-	// writes its lists (after which apt-get update may wait for ever),
-	// 150 MiB during the install.
-	for _, limit := range []int64{110, 150} {
-		s.MaxBuildBytes = limit << 20
-		spec := uniqueSpec("sbx-test-limit")
-		_, err := s.Ensure(context.Background(), spec, testWriter{t})
-		if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), fmt.Sprintf("%d MiB", limit)) {
-			t.Fatalf("a build past its limit of %d MiB: %v; want ErrResourceExhausted naming the limit", limit, err)
-		}
-		t.Logf("error (as expected): %v", err)
-		assertNothingLeft(t, s, spec.Hash())
-	}
+	t.Logf("error (as expected): %v", err)
+	assertNothingLeft(t, s, spec.Hash())
 }
 
 func TestBuildCancelLeavesNothing(t *testing.T) {
@@ -435,28 +422,15 @@ func TestBuildStopsAtItsLimit(t *testing.T) {
 	if _, err := s.Ensure(context.Background(), base, testWriter{t}); err != nil {
 		t.Fatal(err) // the base layer, which the limited build copies
 	}
-	// The base layer is ~85 MB, apt's lists take ~50 more, and installing
-	// python3 ~50 more before apt-get clean: this limit is passed during
-	// the install. (Passed while apt-get update writes its lists, apt
-	// waits for ever after the failure; the build's time limit ends that.)
-	s.MaxBuildBytes = 150 << 20
+	// The base layer is ~85 MB and apt's lists (kept compressed) ~10 more;
+	// installing python3 takes ~50 more before apt-get clean, so this limit
+	// is passed during the install.
+	s.MaxBuildBytes = 120 << 20
 	spec := uniqueSpec("sbx-test-limit")
 	_, err := s.Ensure(context.Background(), spec, testWriter{t})
-	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "150 MiB") {
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "120 MiB") {
 		t.Fatalf("a build past its limit: %v; want ErrResourceExhausted naming the limit", err)
 	}
-	// The base layer is ~85 MB, apt's lists take ~50 more, and installing
-	// python3 ~50 more before apt-get clean: 110 MiB is passed while apt
-	// writes its lists (after which apt-get update may wait for ever),
-	// 150 MiB during the install.
-	for _, limit := range []int64{110, 150} {
-		s.MaxBuildBytes = limit << 20
-		spec := uniqueSpec("sbx-test-limit")
-		_, err := s.Ensure(context.Background(), spec, testWriter{t})
-		if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), fmt.Sprintf("%d MiB", limit)) {
-			t.Fatalf("a build past its limit of %d MiB: %v; want ErrResourceExhausted naming the limit", limit, err)
-		}
-		t.Logf("error (as expected): %v", err)
-		assertNothingLeft(t, s, spec.Hash())
-	}
+	t.Logf("error (as expected): %v", err)
+	assertNothingLeft(t, s, spec.Hash())
 }
