@@ -20,14 +20,6 @@ const (
 	offArg1Low32 = 24
 )
 
-// btrfsCreateIoctls make a btrfs subvolume or snapshot: BTRFS_IOC_SNAP_CREATE,
-// SUBVOL_CREATE, SNAP_CREATE_V2 and SUBVOL_CREATE_V2. btrfs lets any user
-// make one in a directory they can write, and a subvolume inside a
-// workspace is outside the workspace's quota: user code must not.
-// ioctl's request is an unsigned int, so its low 32 bits are what the
-// kernel reads.
-var btrfsCreateIoctls = []uint32{0x50009401, 0x5000940e, 0x50009417, 0x50009418}
-
 // x32SyscallBit marks a system call made through the x32 ABI. x32 calls
 // arrive with arch AUDIT_ARCH_X86_64, so the arch check alone lets them in.
 const x32SyscallBit = 0x40000000
