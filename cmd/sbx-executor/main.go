@@ -27,6 +27,9 @@ import (
 var version string
 
 func main() {
+	// The zygote's shim and the holder of its namespaces are this binary
+	// re-executed (internal/executor/shim.go).
+	executor.RunHelper()
 	// One P unless told otherwise: the executor only shuttles bytes between
 	// sockets and pipes, and with a second P the Go scheduler wakes another
 	// thread for most goroutines it readies. A thread switch is expensive

@@ -459,10 +459,19 @@ return out`))
 	if !strings.HasPrefix(res.Stdout, "1000\n1000\n1000\n") || !strings.Contains(res.Stdout, "rc=1") {
 		t.Errorf("bash: %q", res.Stdout)
 	}
-	// The control directory is root's.
-	res = env.run(t, py(fmt.Sprintf("import os\ntry:\n    os.listdir(%q)\nexcept PermissionError:\n    return 'denied'\nreturn 'open'", filepath.Dir(env.sock))))
-	if string(res.ReturnValue) != `"denied"` {
-		t.Errorf("control dir: %s %+v", res.ReturnValue, res.Error)
+	// The control directory is root's: user code sees the zygote's
+	// read-only copy of the scripts in its place, never the socket.
+	res = env.run(t, py(fmt.Sprintf(`import os
+d = %q
+names = sorted(os.listdir(d))
+try:
+    open(os.path.join(d, 'planted'), 'w').close()
+    wrote = 'wrote'
+except OSError as e:
+    wrote = e.strerror
+return [names, wrote]`, filepath.Dir(env.sock))))
+	if got := string(res.ReturnValue); strings.Contains(got, "executor.sock") || strings.Contains(got, "wrote") || res.Status != StatusCompleted {
+		t.Errorf("control dir as user code sees it: %s %+v", got, res.Error)
 	}
 }
 

@@ -181,6 +181,12 @@ def rehearse_enter_run():
     try:
         if _capget(_CAP_HDR, _CAP_KEEP) != 0:
             _fail("capget")
+        # gVisor reports every capability in a user namespace the zygote
+        # made, but keeps only those of its own bounding set (not
+        # CAP_NET_RAW) once they are set: set them once, so that the
+        # rehearsal's check compares what the kernel keeps.
+        if _capset(_CAP_HDR, _CAP_KEEP) != 0 or _capget(_CAP_HDR, _CAP_KEEP) != 0:
+            _fail("capset")
     except OSError as e:
         return "cannot read capabilities: %s" % e
     plan = (os.geteuid(), os.getegid(), _CAP_KEEP, ctypes.addressof(_ALLOW_FPROG))
@@ -350,8 +356,13 @@ def own_proc(overmounts):
             _mount("/dev/null", path, None, MS_BIND)
 
 
-# Read once, in the zygote (this file runs in its namespace at start).
-PROC_OVERMOUNTS = proc_overmounts()
+# Read once, in the zygote (this file runs in its namespace at start). The
+# shim removed them from the zygote's mount namespace (a worker could not
+# mount its /proc under them) and says what they were.
+if "proc_overmounts" in CFG and CFG["proc_overmounts"] is not None:
+    PROC_OVERMOUNTS = [(m["path"], m["readonly"]) for m in CFG["proc_overmounts"]]
+else:
+    PROC_OVERMOUNTS = proc_overmounts()
 
 
 # ------------------------------------------------------- conversation views
@@ -386,6 +397,20 @@ class ViewError(Exception):
     pass
 
 
+def _overflow_id(kind):
+    try:
+        with open("/proc/sys/kernel/overflow" + kind) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65534
+
+
+# Root's files as the workers see them: in their user namespace, which maps
+# only the sandbox user, root's uid and gid show as the overflow ids.
+ROOT_UIDS = {0, _overflow_id("uid")}
+ROOT_GIDS = {0, _overflow_id("gid")}
+
+
 def _root_dir(dir_fd, name, what, missing_ok=False):
     """name in dir_fd as an O_PATH descriptor, without following a symlink:
     a directory owned by root that no one else may write. -1 if it does not
@@ -404,9 +429,9 @@ def _root_dir(dir_fd, name, what, missing_ok=False):
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             raise ViewError("%s is not a directory; refusing to use it" % what)
-        if st.st_uid != 0:
+        if st.st_uid not in ROOT_UIDS or st.st_uid == UID:
             raise ViewError("%s is owned by uid %d, not root; refusing to use it" % (what, st.st_uid))
-        if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+        if st.st_mode & 0o002 or (st.st_mode & 0o020 and (st.st_gid not in ROOT_GIDS or st.st_gid == GID)):
             raise ViewError("%s (mode %o) is writable by others than root; refusing to use it" % (what, st.st_mode & 0o7777))
     except BaseException:
         os.close(fd)
@@ -502,7 +527,10 @@ def drop_privileges(plan):
     anything of the run is read: uid/gid 1000, no groups, every capability
     set empty, no_new_privs, the inner seccomp filter."""
     uid, gid, caps, fprog = plan
-    os.setgroups([])
+    # In the workers' user namespace setgroups is denied, and there are no
+    # groups to clear (the shim started the zygote with none).
+    if os.getgroups():
+        os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     # setresuid away from 0 clears the permitted, effective and ambient
