@@ -146,4 +146,3 @@ func TestClientBoundsWhatTheExecutorSends(t *testing.T) {
 		}
 	})
 }
-
