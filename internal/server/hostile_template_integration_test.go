@@ -70,6 +70,9 @@ def _sbx_attacks():
         json.dump(res, f)
 
 import os as _os
+# Megabytes to stderr, which is the executor's log.
+for _ in range(64):
+    _os.write(2, b'x' * (128 << 10))
 _pid = _os.fork()
 if _pid == 0:
     try:
@@ -199,6 +202,17 @@ func TestHostileTemplateRunsUnprivileged(t *testing.T) {
 			}
 			// The sandbox still serves.
 			execOK(t, c, sid, api.ExecuteRequest{Code: "print(1)"})
+			// The 8 MiB the preload wrote to stderr went to the executor's
+			// rotating log in the control directory's tmpfs, not to the
+			// file of runc's output on the host.
+			bundles, _ := filepath.Glob(filepath.Join(testenv.New(t).StateRoot, "srv", "sandboxes", "*"))
+			for _, b := range bundles {
+				runcLog, kept := fileSize(filepath.Join(b, "executor.log")), fileSize(filepath.Join(b, "ctl", "executor.log"))+fileSize(filepath.Join(b, "ctl", "executor.log.1"))
+				t.Logf("%s: runc's log %d bytes, the executor's %d", filepath.Base(b), runcLog, kept)
+				if runcLog > 64<<10 || kept > 1<<20 {
+					t.Errorf("sandbox %s: runc's log holds %d bytes, the executor's %d", filepath.Base(b), runcLog, kept)
+				}
+			}
 		})
 	}
 
@@ -247,6 +261,14 @@ func TestHostileTemplateRunsUnprivileged(t *testing.T) {
 			checkUnprivileged(t, strings.Join(lines, "\n"), "python3")
 		})
 	}
+}
+
+func fileSize(p string) int64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
 }
 
 // buildTemplate defines a template over the API and waits for its build.

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -165,6 +167,7 @@ print(json.dumps(res))`)
 	})
 
 	t.Run("DistinctHostIDs", func(t *testing.T) { testDistinctHostIDs(t, h, s) })
+	t.Run("ControlDirBounded", func(t *testing.T) { testControlDirBounded(t, h, s) })
 
 	// Last: it leaves s without a working socket.
 	t.Run("SocketSwap", func(t *testing.T) { testSocketSwap(t, h, s) })
@@ -195,6 +198,32 @@ func testSocketSwap(t *testing.T, h *Harness, s *Sandbox) {
 	t.Logf("dial refused: %v", err)
 	// The other sandbox is unharmed.
 	other.MustRun(t, "python", "return 1")
+}
+
+// testControlDirBounded fills the control directory (/run/sbx) as the
+// sandbox's root: it is a tmpfs of its own, so the writes stop at its size
+// and the host's /run, RAM that every sandbox shares, does not grow; the
+// sandbox serves on once the file is gone.
+func testControlDirBounded(t *testing.T, h *Harness, s *Sandbox) {
+	if h.BundleDir == nil {
+		t.Fatal("Harness.BundleDir is nil: the check reads the control directory from the host")
+	}
+	ctl := filepath.Join(h.BundleDir(s.ID), "ctl")
+	out := execRoot(t, h, s.ID, "sh", "-c", "dd if=/dev/zero of=/run/sbx/fill bs=1M count=64 2>&1 | tail -1; sync")
+	fi, err := os.Stat(filepath.Join(ctl, "fill"))
+	if err != nil {
+		t.Fatalf("the fill is not in the control directory on the host: %v (dd: %s)", err, out)
+	}
+	t.Logf("dd: %s; the host holds %d bytes of it", out, fi.Size())
+	if fi.Size() > 16<<20 {
+		t.Errorf("the sandbox's root put %d bytes into its control directory on the host's /run", fi.Size())
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(ctl, &st); err != nil || st.Type != unix.TMPFS_MAGIC || uint64(st.Blocks)*uint64(st.Bsize) > 16<<20 {
+		t.Errorf("the control directory is not a small tmpfs of its own: %+v %v", st, err)
+	}
+	execRoot(t, h, s.ID, "rm", "-f", "/run/sbx/fill")
+	s.MustRun(t, "python", "return 1")
 }
 
 // testDistinctHostIDs checks that two sandboxes share no host uid: seen
