@@ -318,7 +318,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	// On disk the workspace belongs to the storage ids; the sandbox sees
 	// it as its own through its idmapped mount.
 	storage := int(r.cfg.UIDShift)
-	if err := chownTree(spec.Workspace, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
+	if err := prepareWorkspace(ctx, spec.Workspace, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
 		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
 	}
 	// The variables user code gets travel in a file only the sandbox's
