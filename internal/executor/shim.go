@@ -126,6 +126,8 @@ type shimStatus struct {
 	// namespace, so their pids are the executor's too.
 	SharedPIDNS bool   `json:"shared_pid_ns"`
 	Userns      string `json:"userns"`
+	// Error says why the shim could not start the zygote.
+	Error string `json:"error,omitempty"`
 }
 
 // procOvermount is a mount the runtime put under /proc, which each worker
@@ -157,6 +159,8 @@ func shimMain(args []string) int {
 	ws, err := shim(cfg, status)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-executor zygote shim:", err)
+		b, _ := json.Marshal(shimStatus{Error: err.Error()})
+		_, _ = status.Write(append(b, '\n'))
 		return 70
 	}
 	// The zygote's end is ours: mirror it, so that the executor sees how

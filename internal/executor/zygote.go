@@ -253,10 +253,15 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 	// zygote's, says whether the zygote's pids are ours.
 	line, _ := bufio.NewReader(io.LimitReader(statusR, 4096)).ReadBytes('\n')
 	var st shimStatus
-	if err := json.Unmarshal(line, &st); err != nil {
+	if err := json.Unmarshal(line, &st); err != nil || st.Error != "" {
+		// The shim exits (the reaper reaps it) after saying why, here or
+		// on stderr if it could not get that far.
 		z.kill()
-		go z.readLoop()
-		return nil, fmt.Errorf("start zygote %s: the shim failed (see the executor's log)", python)
+		why := st.Error
+		if why == "" {
+			why = "it failed (see the executor's log)"
+		}
+		return nil, fmt.Errorf("start zygote %s: %.1024s", python, why)
 	}
 	z.sharedPIDNS = st.SharedPIDNS
 	go z.readLoop()
