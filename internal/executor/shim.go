@@ -101,10 +101,21 @@ func RunHelper() {
 // holderMain is the init of the zygote's PID namespace: it waits for its
 // stdin, a pipe from the shim, to close. When it exits the kernel kills
 // every process left in that namespace (the zygote and its workers).
+//
+// It runs as uid 1000, so each of its threads counts against the
+// sandbox's RLIMIT_NPROC, and a Go program that cannot make a thread it
+// wants dies (with it the zygote). So it waits in a raw read, which the
+// scheduler takes for running code: no thread is handed its processor, and
+// none is made; a preemption signal interrupts the read, and the loop
+// yields before it reads again.
 func holderMain() {
-	buf := make([]byte, 64)
+	var buf [64]byte
 	for {
-		if _, err := os.Stdin.Read(buf); err != nil {
+		n, _, errno := unix.RawSyscall(unix.SYS_READ, 0, uintptr(unsafe.Pointer(&buf[0])), uintptr(len(buf)))
+		switch {
+		case errno == unix.EINTR:
+			runtime.Gosched()
+		case errno != 0 || n == 0:
 			return
 		}
 	}
@@ -357,8 +368,10 @@ func startHolderOnThread(uid, gid int) (*holderProc, error) {
 	}
 	defer r.Close()
 	pid, err := syscall.ForkExec("/proc/self/exe", []string{selfPath(), holderMode}, &syscall.ProcAttr{
-		Dir:   "/",
-		Env:   []string{},
+		Dir: "/",
+		// One processor from the runtime's start: with more it makes
+		// threads while it starts (see holderMain).
+		Env:   []string{"GOMAXPROCS=1"},
 		Files: []uintptr{r.Fd(), devNullFd(), 2},
 		Sys: &syscall.SysProcAttr{
 			Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWPID,
