@@ -186,34 +186,35 @@ func shimMain(args []string) int {
 
 // shim sets up, starts the zygote and waits for it.
 func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
-	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
-		return 0, fmt.Errorf("unshare(CLONE_NEWNS): %w", err)
+	uid, gid := cfg.Zygote.UID, cfg.Zygote.GID
+	var st unix.Statfs_t
+	nsfs := unix.Statfs("/proc/self/ns/user", &st) == nil && st.Type == nsfsMagic
+	// The holder starts on a thread of its own (startHolder) while this
+	// one makes the mount namespace: they do not depend on each other.
+	var holderc <-chan holderResult
+	if nsfs {
+		holderc = startHolder(uid, gid)
 	}
-	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-		return 0, fmt.Errorf("make mounts private: %w", err)
+	overmounts, err := zygoteMounts(cfg)
+	var holder *holderProc
+	if holderc != nil {
+		r := <-holderc
+		if r.h != nil {
+			holder = r.h
+			defer holder.stop()
+		}
+		if err == nil {
+			err = r.err
+		}
 	}
-	overmounts, err := removeProcOvermounts()
 	if err != nil {
 		return 0, err
 	}
-	if err := coverControlDir(cfg.ControlDir, cfg.Copy); err != nil {
-		return 0, err
-	}
-	uid, gid := cfg.Zygote.UID, cfg.Zygote.GID
 	zcfg := cfg.Zygote
 	zcfg.ProcOvermounts = overmounts
 	files := []uintptr{0, 1, 2, 3}
-
-	var st unix.Statfs_t
-	nsfs := unix.Statfs("/proc/self/ns/user", &st) == nil && st.Type == nsfsMagic
-	var holder *holderProc
 	selfUserns := !nsfs
 	if nsfs {
-		holder, err = startHolder(uid, gid)
-		if err != nil {
-			return 0, err
-		}
-		defer holder.stop()
 		// Our children are born in N_z; the holder is its init.
 		if err := unix.Setns(holder.pidns, unix.CLONE_NEWPID); err != nil {
 			return 0, fmt.Errorf("setns(the zygote's PID namespace): %w", err)
@@ -322,25 +323,45 @@ func (h *holderProc) stop() {
 	}
 }
 
+// zygoteMounts makes this thread's mount namespace the zygote's (see the
+// top of the file) and returns the /proc overmounts it removed.
+func zygoteMounts(cfg shimConfig) ([]procOvermount, error) {
+	if err := unix.Unshare(unix.CLONE_NEWNS); err != nil {
+		return nil, fmt.Errorf("unshare(CLONE_NEWNS): %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return nil, fmt.Errorf("make mounts private: %w", err)
+	}
+	overmounts, err := removeProcOvermounts()
+	if err != nil {
+		return nil, err
+	}
+	if err := coverControlDir(cfg.ControlDir, cfg.Copy); err != nil {
+		return nil, err
+	}
+	return overmounts, nil
+}
+
+type holderResult struct {
+	h   *holderProc
+	err error
+}
+
 // startHolder starts the holder from a thread of its own whose uids and
 // gids are the sandbox user's (see the top of the file). The thread never
 // goes back: it ends with its goroutine, locked, so nothing else runs on
-// it. The holder ends when its stdin closes, which the shim's death does
-// too (no Pdeathsig: Go's check of it cannot see a parent in another PID
-// namespace and would kill the child at once).
-func startHolder(uid, gid int) (*holderProc, error) {
-	type result struct {
-		h   *holderProc
-		err error
-	}
-	done := make(chan result, 1)
+// it. (Being another thread than the shim's main one, it is also still in
+// the sandbox's mount namespace.) The holder ends when its stdin closes,
+// which the shim's death does too (no Pdeathsig: Go's check of it cannot
+// see a parent in another PID namespace and would kill the child at once).
+func startHolder(uid, gid int) <-chan holderResult {
+	done := make(chan holderResult, 1)
 	go func() {
 		runtime.LockOSThread()
 		h, err := startHolderOnThread(uid, gid)
-		done <- result{h, err}
+		done <- holderResult{h, err}
 	}()
-	r := <-done
-	return r.h, r.err
+	return done
 }
 
 func startHolderOnThread(uid, gid int) (*holderProc, error) {
