@@ -47,7 +47,8 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-# Read while still root: the file lives in the root-only control directory.
+# Read at the zygote's start, from its read-only copy of the control
+# directory (shim.go).
 FILTER = _read_filter()
 _FILTER_BUF = ctypes.create_string_buffer(FILTER, len(FILTER))
 _FPROG = _SockFprog(len(FILTER) // 8, ctypes.cast(_FILTER_BUF, ctypes.c_void_p))
@@ -61,7 +62,7 @@ _CAP_DATA = (ctypes.c_uint32 * 6)()
 _CAP_GOT = (ctypes.c_uint32 * 6)()  # what capget reads back
 _CAP_KEEP = (ctypes.c_uint32 * 6)()  # the rehearsal's: the ones we have
 
-# The workspace, and the root-only directory where a conversation's view
+# The workspace, and the directory where a conversation's view
 # of its uploads is assembled (see conversation_view).
 WORKSPACE = CFG.get("workspace") or "/workspace"
 VIEW_DIR = CFG.get("view_dir") or ""
@@ -120,9 +121,10 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
             os._exit(70)
         context_loop(chan)
         return
-    # Still privileged from here to enter_run: only our own fixed code runs
-    # (the warm-up), and nothing of a request is read before the drop but
-    # the conversation id of the run message.
+    # With the capabilities over our user namespace from here to enter_run:
+    # only this fixed code runs (the warm-up; and what the template put in
+    # the zygote, which had them too), and nothing of a request is read
+    # before the drop but the conversation id of the run message.
     if not setup_error and not pending(chan):
         setup_error = rehearse_enter_run()
         if not setup_error:
@@ -381,8 +383,11 @@ else:
 # and stay put); mounts take their sources and targets as /proc/self/fd/N
 # of those descriptors (the trailing slash makes gVisor follow the magic
 # link too, as Linux always does), never a path the sandbox can change. The
-# view is assembled on a tmpfs at VIEW_DIR, in the executor's root-only
-# control directory, and then moved onto the uploads directory as a whole.
+# view is assembled on a tmpfs at VIEW_DIR (a root-owned directory of the
+# zygote's read-only copy of the control directory, on which each worker
+# mounts a tmpfs of its own in its own mount namespace), and then moved
+# onto the uploads directory as a whole. In the workers' user namespace
+# root's files show as the overflow ids, which count as root's here.
 
 MS_MOVE = 8192
 MNT_DETACH = 2
@@ -454,7 +459,8 @@ def _place_view(stage, up):
 
 def conversation_view(conv, workspace, stage):
     """Make the view of conversation conv's uploads (see above), with
-    stage (a directory only root can reach) to assemble it in."""
+    stage (a directory nobody can write, on which this worker mounts a
+    tmpfs in its own mount namespace) to assemble it in."""
     if not _CONVERSATION_RE.fullmatch(conv) or ".." in conv:
         raise ViewError("not a valid conversation id")
     if not stage:
@@ -473,7 +479,7 @@ def conversation_view(conv, workspace, stage):
             area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True)
             if area >= 0:
                 fds.append(area)
-        # Nobody but root reaches stage, and this mount namespace is ours.
+        # The tmpfs on stage is in this mount namespace, which is ours alone.
         _mount("tmpfs", stage, "tmpfs", _VIEW_MOUNT_FLAGS, "mode=0755")
         root = os.open(stage, _O_DIR_PATH)
         fds.append(root)
@@ -498,10 +504,10 @@ def conversation_view(conv, workspace, stage):
 
 def isolate():
     """The part of a worker's set-up that needs no knowledge of its run:
-    done at fork, before the idle warm-up. The worker keeps its uid 0 and
-    its permitted and effective capabilities (within the sandbox's user
-    namespace) until drop_privileges, because a conversation's view needs
-    mounts, and which conversation is known only when the run comes."""
+    done at fork, before the idle warm-up. The worker keeps the zygote's
+    capabilities over the workers' user namespace until drop_privileges,
+    because a conversation's view needs mounts, and which conversation is
+    known only when the run comes."""
     # Raw descriptors, not file objects: fewer objects, fewer faults.
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     try:

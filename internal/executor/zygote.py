@@ -24,7 +24,9 @@ Every process it forks (a "worker") is PID 1 of a fresh PID namespace, so
 that when it dies the kernel kills everything it started, daemons included.
 The worker takes a mount namespace and a /proc of its own, empties its
 bounding set and warms up (rehearsing, among others, the steps below),
-still uid 0 with its capabilities, then waits on its channel (fd 3) for
+still with the zygote's capabilities over the workers' user namespace
+(which maps uid 1000 alone: see enter_userns), then waits on its channel
+(fd 3) for
 {"op":"run","conversation":C} (conversation optional) with the payload,
 stdout, stderr and result descriptors. Only then does it make the
 conversation's view of the uploads (mounts), drop to the sandbox user with
