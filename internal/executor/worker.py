@@ -152,13 +152,13 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
     run_once(p)
 
 
-def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR):
+def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR, owners=None):
     """The privileged last step before a run (or a context's life): the
     conversation's view of the uploads, then the final privilege drop.
     Returns an error message, or None."""
     if conversation:
         try:
-            conversation_view(conversation, workspace, stage)
+            conversation_view(conversation, workspace, stage, owners)
         except BaseException as e:
             return "conversation %s: %s" % (conversation, e)
     try:
@@ -205,7 +205,8 @@ def rehearse_enter_run():
                 ws, stage = VIEW_DIR + "/ws", VIEW_DIR + "/stage"
                 os.makedirs(ws + "/uploads/rehearsal/temparea", 0o755)
                 os.mkdir(stage, 0o700)
-                if enter_run("rehearsal", plan, ws, stage) is None:
+                # Our own scratch tree: its owner is us, not root.
+                if enter_run("rehearsal", plan, ws, stage, {os.geteuid()}) is None:
                     return None
             except OSError:
                 pass
@@ -416,10 +417,11 @@ ROOT_UIDS = {0, _overflow_id("uid")}
 ROOT_GIDS = {0, _overflow_id("gid")}
 
 
-def _root_dir(dir_fd, name, what, missing_ok=False):
+def _root_dir(dir_fd, name, what, missing_ok=False, owners=None):
     """name in dir_fd as an O_PATH descriptor, without following a symlink:
-    a directory owned by root that no one else may write. -1 if it does not
-    exist and missing_ok."""
+    a directory owned by root (or one of owners, for the rehearsal's own
+    scratch tree) that no one else may write. -1 if it does not exist and
+    missing_ok."""
     try:
         fd = os.open(name, _O_DIR_PATH, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -434,7 +436,7 @@ def _root_dir(dir_fd, name, what, missing_ok=False):
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             raise ViewError("%s is not a directory; refusing to use it" % what)
-        if st.st_uid not in ROOT_UIDS or st.st_uid == UID:
+        if (st.st_uid not in owners) if owners else (st.st_uid not in ROOT_UIDS or st.st_uid == UID):
             raise ViewError("%s is owned by uid %d, not root; refusing to use it" % (what, st.st_uid))
         if st.st_mode & 0o002 or (st.st_mode & 0o020 and (st.st_gid not in ROOT_GIDS or st.st_gid == GID)):
             raise ViewError("%s (mode %o) is writable by others than root; refusing to use it" % (what, st.st_mode & 0o7777))
@@ -457,7 +459,7 @@ def _place_view(stage, up):
     libc.umount2(stage.encode(), MNT_DETACH)
 
 
-def conversation_view(conv, workspace, stage):
+def conversation_view(conv, workspace, stage, owners=None):
     """Make the view of conversation conv's uploads (see above), with
     stage (a directory nobody can write, on which this worker mounts a
     tmpfs in its own mount namespace) to assemble it in."""
@@ -470,13 +472,13 @@ def conversation_view(conv, workspace, stage):
     try:
         ws = os.open(workspace, _O_DIR_PATH)
         fds.append(ws)
-        up = _root_dir(ws, "uploads", uploads)
+        up = _root_dir(ws, "uploads", uploads, owners=owners)
         fds.append(up)
         area = -1
-        c = _root_dir(up, conv, "%s/%s" % (uploads, conv), missing_ok=True)
+        c = _root_dir(up, conv, "%s/%s" % (uploads, conv), missing_ok=True, owners=owners)
         if c >= 0:
             fds.append(c)
-            area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True)
+            area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True, owners=owners)
             if area >= 0:
                 fds.append(area)
         # The tmpfs on stage is in this mount namespace, which is ours alone.
