@@ -27,6 +27,9 @@ import (
 var version string
 
 func main() {
+	// The zygote's shim and the holder of its namespaces are this binary
+	// re-executed (internal/executor/shim.go).
+	executor.RunHelper()
 	// One P unless told otherwise: the executor only shuttles bytes between
 	// sockets and pipes, and with a second P the Go scheduler wakes another
 	// thread for most goroutines it readies. A thread switch is expensive
@@ -40,10 +43,14 @@ func main() {
 		executor.Version = version
 	}
 	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "sbx-executor:", err)
+		fmt.Fprintln(lastWords, "sbx-executor:", err)
 		os.Exit(1)
 	}
 }
+
+// lastWords is where a failed start says why: stderr as the process got it
+// (runc's log of the sandbox), also after --log-file took stderr over.
+var lastWords = os.Stderr
 
 func run() error {
 	var (
@@ -51,6 +58,8 @@ func run() error {
 		preload  string
 		envFile  string
 		logLevel string
+		logFile  string
+		logMax   int64
 	)
 	flag.StringVar(&cfg.SocketPath, "socket", "/run/sbx/executor.sock", "unix socket to serve the API on; its directory becomes root-only")
 	flag.StringVar(&cfg.Workspace, "workspace", "/workspace", "the session's files; default cwd of executions")
@@ -60,6 +69,8 @@ func run() error {
 	flag.StringVar(&cfg.Python, "python", "/usr/bin/python3", "Python interpreter of the zygote")
 	flag.StringVar(&envFile, "env-file", "", "JSON object of variables for user code only (template and session env_vars); never this process's or the zygote's environment")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	flag.StringVar(&logFile, "log-file", "", "write the log, and what the zygote writes to stderr, to this file instead of stderr, rotated at --log-max-bytes")
+	flag.Int64Var(&logMax, "log-max-bytes", 256<<10, "size at which --log-file is rotated (one older file is kept)")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -82,6 +93,20 @@ func run() error {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 		return fmt.Errorf("--log-level: %w", err)
+	}
+	if logFile != "" {
+		// runc's stdout and stderr of a sandbox go to a file of the host
+		// that nothing bounds, and the zygote's stderr is the template's
+		// code's to write: both go to a rotating file instead.
+		lf, err := executor.OpenRotating(logFile, logMax)
+		if err != nil {
+			return fmt.Errorf("--log-file: %w", err)
+		}
+		orig, err := executor.RedirectOutput(lf)
+		if err != nil {
+			return fmt.Errorf("--log-file: %w", err)
+		}
+		lastWords = orig
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	filter, err := seccomp.InnerFilter()

@@ -28,6 +28,60 @@ type Client struct {
 // host and dials the executor.
 const clientBase = "http://sbx-executor"
 
+// What an executor sends is not trusted: it runs in the sandbox, and code
+// there may have replaced it, or the socket the host dials. So the client
+// bounds everything it reads, and what it hands on, to what an honest
+// executor can send: a response never grows the host's memory beyond a
+// bound fixed by the request, and a response that breaks the bounds fails
+// the call with ErrBadResponse.
+const (
+	// maxSmallResponse bounds the bodies of /health, /stats, /cancel, the
+	// deletes and every error response.
+	maxSmallResponse = 1 << 20
+	// maxMarkerBytes is room for the truncation marker line the executor
+	// ends cut output with (output.go), and the newline before it.
+	maxMarkerBytes = 128
+	// maxErrorText bounds an ExecError's message and its traceback.
+	maxErrorText = 1 << 20
+	// maxArtifactPath bounds one artifact path (PATH_MAX).
+	maxArtifactPath = 4096
+	// jsonEscapeFactor: a byte of a JSON string takes at most 6 on the
+	// wire (\u0000).
+	jsonEscapeFactor = 6
+)
+
+// ErrBadResponse marks a response of the executor that breaks the
+// protocol's bounds (an event too large, more output than the limit, an
+// unknown event): the executor is broken or not the executor.
+var ErrBadResponse = fmt.Errorf("the executor's response breaks the protocol: %w", errdefs.ErrUnavailable)
+
+// maxEventLine bounds one line of a /run stream whose output limit is
+// limit: the result event, the largest, holds both streams, the return
+// value, the error and the artifact list.
+func maxEventLine(limit int64) int64 {
+	return jsonEscapeFactor*(2*(limit+maxMarkerBytes)+2*maxErrorText+MaxArtifacts*maxArtifactPath) +
+		MaxReturnValueBytes + 64<<10
+}
+
+// boundedReader fails with ErrBadResponse once more than n bytes were read.
+type boundedReader struct {
+	r    io.Reader
+	n    int64
+	what string
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.n <= 0 {
+		return 0, fmt.Errorf("%w: %s is larger than %d bytes", ErrBadResponse, b.what, maxSmallResponse)
+	}
+	if int64(len(p)) > b.n {
+		p = p[:b.n]
+	}
+	n, err := b.r.Read(p)
+	b.n -= int64(n)
+	return n, err
+}
+
 // NewClient returns a client that reaches the executor through dial (for
 // example a unix socket path, or a runtime's Dial).
 func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
@@ -132,15 +186,20 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) (er
 		return err
 	}
 	defer resp.Body.Close()
+	body := &boundedReader{r: resp.Body, n: maxSmallResponse, what: "the response to " + method + " " + path}
 	if out == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
+		if _, err := io.Copy(io.Discard, body); err != nil {
+			return fmt.Errorf("executor %s %s: %w", method, path, err)
+		}
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	if err := json.NewDecoder(body).Decode(out); err != nil {
 		return fmt.Errorf("executor %s %s: bad response: %w", method, path, err)
 	}
 	// Drain so that the connection goes back to the pool.
-	_, _ = io.Copy(io.Discard, resp.Body)
+	if _, err := io.Copy(io.Discard, body); err != nil {
+		return fmt.Errorf("executor %s %s: %w", method, path, err)
+	}
 	return nil
 }
 
@@ -189,22 +248,42 @@ func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, 
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("sbx.execution.id", req.ID))
 	}
+	limit := req.OutputLimitBytes
+	if limit <= 0 || limit > MaxOutputLimit {
+		limit = DefaultOutputLimit
+	}
 	resp, err := c.do(ctx, http.MethodPost, "/run", req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("executor run %q: %w: "+format, append([]any{req.ID, ErrBadResponse}, args...)...)
+	}
+	lines := newLineReader(resp.Body, maxEventLine(limit))
+	// What an honest executor streams of each stream: the output up to
+	// the limit, then its truncation marker.
+	room := map[string]int64{"stdout": limit + maxMarkerBytes, "stderr": limit + maxMarkerBytes}
 	for {
-		var ev Event
-		if err := dec.Decode(&ev); err != nil {
+		line, err := lines.next()
+		if err != nil {
+			if errors.Is(err, errLineTooLong) {
+				return nil, bad("an event of more than %d bytes", maxEventLine(limit))
+			}
 			if errors.Is(err, io.EOF) {
 				err = io.ErrUnexpectedEOF
 			}
 			return nil, fmt.Errorf("executor run %q: stream ended without a result: %w", req.ID, err)
 		}
+		var ev Event
+		if err := json.Unmarshal(line, &ev); err != nil {
+			return nil, bad("undecodable event: %v", err)
+		}
 		switch ev.Type {
 		case "stdout", "stderr":
+			if room[ev.Type] -= int64(len(ev.Data)); room[ev.Type] < 0 {
+				return nil, bad("more %s than its limit of %d bytes", ev.Type, limit)
+			}
 			if onOutput != nil {
 				onOutput(ev.Type, ev.Data)
 			}
@@ -212,8 +291,96 @@ func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, 
 			if ev.Result == nil {
 				return nil, fmt.Errorf("executor run %q: empty result event", req.ID)
 			}
-			_, _ = io.Copy(io.Discard, resp.Body)
+			if err := checkResult(ev.Result, limit); err != nil {
+				return nil, bad("%v", err)
+			}
+			// Nothing but the end of the response follows a result: read
+			// that (a little, never more), so that the connection goes
+			// back to the pool.
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 			return ev.Result, nil
+		default:
+			return nil, bad("unknown event type %.64q", ev.Type)
+		}
+	}
+}
+
+// checkResult checks a result against what an honest executor sends for
+// an output limit of limit.
+func checkResult(r *Result, limit int64) error {
+	switch {
+	case len(r.ID) > maxIDLen:
+		return fmt.Errorf("an id of %d bytes", len(r.ID))
+	case len(r.Status) > 64:
+		return fmt.Errorf("a status of %d bytes", len(r.Status))
+	case int64(len(r.Stdout)) > limit+maxMarkerBytes || int64(len(r.Stderr)) > limit+maxMarkerBytes:
+		return fmt.Errorf("output of %d and %d bytes over a limit of %d", len(r.Stdout), len(r.Stderr), limit)
+	case len(r.ReturnValue) > MaxReturnValueBytes:
+		return fmt.Errorf("a return value of %d bytes, more than %d", len(r.ReturnValue), MaxReturnValueBytes)
+	case len(r.Artifacts) > MaxArtifacts:
+		return fmt.Errorf("%d artifacts, more than %d", len(r.Artifacts), MaxArtifacts)
+	}
+	if e := r.Error; e != nil && (len(e.Type) > 256 || len(e.Message) > maxErrorText || len(e.Traceback) > maxErrorText) {
+		return fmt.Errorf("an error of %d, %d and %d bytes", len(e.Type), len(e.Message), len(e.Traceback))
+	}
+	for _, a := range r.Artifacts {
+		if len(a) > maxArtifactPath {
+			return fmt.Errorf("an artifact path of %d bytes", len(a))
+		}
+	}
+	return nil
+}
+
+var errLineTooLong = errors.New("line too long")
+
+// lineReader reads newline-ended lines of at most max bytes without ever
+// holding more than that (bufio.Scanner's limit, but growing its buffer
+// only as far as a line needs).
+type lineReader struct {
+	r   io.Reader
+	max int64
+	buf []byte // unread bytes are buf[off:]
+	off int
+}
+
+func newLineReader(r io.Reader, max int64) *lineReader { return &lineReader{r: r, max: max} }
+
+// next returns the next line without its newline; it is valid until the
+// next call.
+func (l *lineReader) next() ([]byte, error) {
+	scanned := 0
+	for {
+		if i := bytes.IndexByte(l.buf[l.off+scanned:], '\n'); i >= 0 {
+			end := l.off + scanned + i
+			line := l.buf[l.off:end]
+			l.off = end + 1
+			return line, nil
+		}
+		scanned = len(l.buf) - l.off
+		if int64(scanned) > l.max {
+			return nil, errLineTooLong
+		}
+		// Move what is unread to the front, then read more.
+		if l.off > 0 {
+			n := copy(l.buf, l.buf[l.off:])
+			l.buf, l.off = l.buf[:n], 0
+		}
+		if len(l.buf) == cap(l.buf) {
+			grown := min(max(2*cap(l.buf), 64<<10), int(l.max)+1)
+			if grown <= cap(l.buf) {
+				return nil, errLineTooLong
+			}
+			nb := make([]byte, len(l.buf), grown)
+			copy(nb, l.buf)
+			l.buf = nb
+		}
+		n, err := l.r.Read(l.buf[len(l.buf):cap(l.buf)])
+		l.buf = l.buf[:len(l.buf)+n]
+		if n == 0 && err != nil {
+			if err == io.EOF && len(l.buf) > 0 {
+				return nil, io.ErrUnexpectedEOF
+			}
+			return nil, err
 		}
 	}
 }

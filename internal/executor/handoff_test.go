@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // idlePids lists the pre-forked workers the executor holds.
@@ -108,9 +106,14 @@ func TestPreforkedWorkers(t *testing.T) {
 	// run is sent to it takes the run along, as one dying at any moment
 	// during a run would: the OOM killer's choice.)
 	dead := env.idlePids()[0]
-	if err := unix.Kill(dead, unix.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	// Its pid is the zygote's PID namespace's: signal it by its pidfd.
+	env.srv.mu.Lock()
+	z := env.srv.zyg
+	env.srv.mu.Unlock()
+	z.mu.Lock()
+	victim := z.idle[0].c
+	z.mu.Unlock()
+	victim.kill()
 	waitFor(t, "the dead worker to leave the pool", func() bool {
 		p := env.idlePids()
 		return len(p) == 0 || p[0] != dead
@@ -149,7 +152,17 @@ func TestPreforkedWorkers(t *testing.T) {
 func TestRunBeforeReady(t *testing.T) {
 	cfg := testConfig(t)
 	// A slow interpreter start, so that the run surely comes first.
-	slow := filepath.Join(filepath.Dir(cfg.SocketPath), "slow-python")
+	// Outside the control directory, which the zygote's mount namespace
+	// covers with its own copy; readable by the sandbox user.
+	dir, err := os.MkdirTemp("", "sbx-slow-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	slow := filepath.Join(dir, "slow-python")
 	if err := os.WriteFile(slow, []byte("#!/bin/sh\nsleep 1\nexec "+testPython+" \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -459,10 +460,19 @@ return out`))
 	if !strings.HasPrefix(res.Stdout, "1000\n1000\n1000\n") || !strings.Contains(res.Stdout, "rc=1") {
 		t.Errorf("bash: %q", res.Stdout)
 	}
-	// The control directory is root's.
-	res = env.run(t, py(fmt.Sprintf("import os\ntry:\n    os.listdir(%q)\nexcept PermissionError:\n    return 'denied'\nreturn 'open'", filepath.Dir(env.sock))))
-	if string(res.ReturnValue) != `"denied"` {
-		t.Errorf("control dir: %s %+v", res.ReturnValue, res.Error)
+	// The control directory is root's: user code sees the zygote's
+	// read-only copy of the scripts in its place, never the socket.
+	res = env.run(t, py(fmt.Sprintf(`import os
+d = %q
+names = sorted(os.listdir(d))
+try:
+    open(os.path.join(d, 'planted'), 'w').close()
+    wrote = 'wrote'
+except OSError as e:
+    wrote = e.strerror
+return [names, wrote]`, filepath.Dir(env.sock))))
+	if got := string(res.ReturnValue); strings.Contains(got, "executor.sock") || strings.Contains(got, "wrote") || res.Status != StatusCompleted {
+		t.Errorf("control dir as user code sees it: %s %+v", got, res.Error)
 	}
 }
 
@@ -572,5 +582,41 @@ func TestWithoutWarmWorkers(t *testing.T) {
 	wg.Wait()
 	if res := env.run(t, sh("echo $$")); res.Stdout != "1\n" {
 		t.Errorf("bash: %q %+v", res.Stdout, res.Error)
+	}
+}
+
+// TestZygoteStartFailureSaysWhy: when the shim cannot start the zygote,
+// /health says why (the shim's words, not the zygote's), and the executor
+// keeps trying.
+func TestZygoteStartFailureSaysWhy(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Python = "/nonexistent/python3"
+	logs := &syncBuffer{}
+	cfg.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ctx) }()
+	defer func() {
+		cancel()
+		<-errc
+		os.RemoveAll(cfg.Workspace)
+		os.RemoveAll(filepath.Dir(cfg.SocketPath))
+	}()
+	client := NewClient(func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", cfg.SocketPath)
+	})
+	defer client.Close()
+	var h *Health
+	waitFor(t, "health to say why the zygote is not there", func() bool {
+		h, err = client.Health(ctx)
+		return err == nil && h.PreloadError != ""
+	})
+	if h.Ready || !strings.Contains(h.PreloadError, "/nonexistent/python3") || !strings.Contains(h.PreloadError, "no such file") {
+		t.Errorf("health %+v", h)
 	}
 }

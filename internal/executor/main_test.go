@@ -31,6 +31,8 @@ const testPython = "/usr/bin/python3"
 const childEnv = "SBX_EXECUTOR_TEST_CHILD"
 
 func TestMain(m *testing.M) {
+	// The executor starts its zygote through this binary, re-executed.
+	RunHelper()
 	if cfg := os.Getenv(childEnv); cfg != "" {
 		os.Exit(runChildExecutor(cfg))
 	}

@@ -47,7 +47,8 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-# Read while still root: the file lives in the root-only control directory.
+# Read at the zygote's start, from its read-only copy of the control
+# directory (shim.go).
 FILTER = _read_filter()
 _FILTER_BUF = ctypes.create_string_buffer(FILTER, len(FILTER))
 _FPROG = _SockFprog(len(FILTER) // 8, ctypes.cast(_FILTER_BUF, ctypes.c_void_p))
@@ -61,7 +62,7 @@ _CAP_DATA = (ctypes.c_uint32 * 6)()
 _CAP_GOT = (ctypes.c_uint32 * 6)()  # what capget reads back
 _CAP_KEEP = (ctypes.c_uint32 * 6)()  # the rehearsal's: the ones we have
 
-# The workspace, and the root-only directory where a conversation's view
+# The workspace, and the directory where a conversation's view
 # of its uploads is assembled (see conversation_view).
 WORKSPACE = CFG.get("workspace") or "/workspace"
 VIEW_DIR = CFG.get("view_dir") or ""
@@ -120,9 +121,10 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
             os._exit(70)
         context_loop(chan)
         return
-    # Still privileged from here to enter_run: only our own fixed code runs
-    # (the warm-up), and nothing of a request is read before the drop but
-    # the conversation id of the run message.
+    # With the capabilities over our user namespace from here to enter_run:
+    # only this fixed code runs (the warm-up; and what the template put in
+    # the zygote, which had them too), and nothing of a request is read
+    # before the drop but the conversation id of the run message.
     if not setup_error and not pending(chan):
         setup_error = rehearse_enter_run()
         if not setup_error:
@@ -150,13 +152,13 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
     run_once(p)
 
 
-def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR):
+def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR, owners=None):
     """The privileged last step before a run (or a context's life): the
     conversation's view of the uploads, then the final privilege drop.
     Returns an error message, or None."""
     if conversation:
         try:
-            conversation_view(conversation, workspace, stage)
+            conversation_view(conversation, workspace, stage, owners)
         except BaseException as e:
             return "conversation %s: %s" % (conversation, e)
     try:
@@ -181,6 +183,12 @@ def rehearse_enter_run():
     try:
         if _capget(_CAP_HDR, _CAP_KEEP) != 0:
             _fail("capget")
+        # gVisor reports every capability in a user namespace the zygote
+        # made, but keeps only those of its own bounding set (not
+        # CAP_NET_RAW) once they are set: set them once, so that the
+        # rehearsal's check compares what the kernel keeps.
+        if _capset(_CAP_HDR, _CAP_KEEP) != 0 or _capget(_CAP_HDR, _CAP_KEEP) != 0:
+            _fail("capset")
     except OSError as e:
         return "cannot read capabilities: %s" % e
     plan = (os.geteuid(), os.getegid(), _CAP_KEEP, ctypes.addressof(_ALLOW_FPROG))
@@ -197,7 +205,8 @@ def rehearse_enter_run():
                 ws, stage = VIEW_DIR + "/ws", VIEW_DIR + "/stage"
                 os.makedirs(ws + "/uploads/rehearsal/temparea", 0o755)
                 os.mkdir(stage, 0o700)
-                if enter_run("rehearsal", plan, ws, stage) is None:
+                # Our own scratch tree: its owner is us, not root.
+                if enter_run("rehearsal", plan, ws, stage, {os.geteuid()}) is None:
                     return None
             except OSError:
                 pass
@@ -350,8 +359,13 @@ def own_proc(overmounts):
             _mount("/dev/null", path, None, MS_BIND)
 
 
-# Read once, in the zygote (this file runs in its namespace at start).
-PROC_OVERMOUNTS = proc_overmounts()
+# Read once, in the zygote (this file runs in its namespace at start). The
+# shim removed them from the zygote's mount namespace (a worker could not
+# mount its /proc under them) and says what they were.
+if "proc_overmounts" in CFG and CFG["proc_overmounts"] is not None:
+    PROC_OVERMOUNTS = [(m["path"], m["readonly"]) for m in CFG["proc_overmounts"]]
+else:
+    PROC_OVERMOUNTS = proc_overmounts()
 
 
 # ------------------------------------------------------- conversation views
@@ -370,8 +384,11 @@ PROC_OVERMOUNTS = proc_overmounts()
 # and stay put); mounts take their sources and targets as /proc/self/fd/N
 # of those descriptors (the trailing slash makes gVisor follow the magic
 # link too, as Linux always does), never a path the sandbox can change. The
-# view is assembled on a tmpfs at VIEW_DIR, in the executor's root-only
-# control directory, and then moved onto the uploads directory as a whole.
+# view is assembled on a tmpfs at VIEW_DIR (a root-owned directory of the
+# zygote's read-only copy of the control directory, on which each worker
+# mounts a tmpfs of its own in its own mount namespace), and then moved
+# onto the uploads directory as a whole. In the workers' user namespace
+# root's files show as the overflow ids, which count as root's here.
 
 MS_MOVE = 8192
 MNT_DETACH = 2
@@ -386,10 +403,25 @@ class ViewError(Exception):
     pass
 
 
-def _root_dir(dir_fd, name, what, missing_ok=False):
+def _overflow_id(kind):
+    try:
+        with open("/proc/sys/kernel/overflow" + kind) as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65534
+
+
+# Root's files as the workers see them: in their user namespace, which maps
+# only the sandbox user, root's uid and gid show as the overflow ids.
+ROOT_UIDS = {0, _overflow_id("uid")}
+ROOT_GIDS = {0, _overflow_id("gid")}
+
+
+def _root_dir(dir_fd, name, what, missing_ok=False, owners=None):
     """name in dir_fd as an O_PATH descriptor, without following a symlink:
-    a directory owned by root that no one else may write. -1 if it does not
-    exist and missing_ok."""
+    a directory owned by root (or one of owners, for the rehearsal's own
+    scratch tree) that no one else may write. -1 if it does not exist and
+    missing_ok."""
     try:
         fd = os.open(name, _O_DIR_PATH, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -404,9 +436,9 @@ def _root_dir(dir_fd, name, what, missing_ok=False):
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             raise ViewError("%s is not a directory; refusing to use it" % what)
-        if st.st_uid != 0:
+        if (st.st_uid not in owners) if owners else (st.st_uid not in ROOT_UIDS or st.st_uid == UID):
             raise ViewError("%s is owned by uid %d, not root; refusing to use it" % (what, st.st_uid))
-        if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+        if st.st_mode & 0o002 or (st.st_mode & 0o020 and (st.st_gid not in ROOT_GIDS or st.st_gid == GID)):
             raise ViewError("%s (mode %o) is writable by others than root; refusing to use it" % (what, st.st_mode & 0o7777))
     except BaseException:
         os.close(fd)
@@ -427,9 +459,10 @@ def _place_view(stage, up):
     libc.umount2(stage.encode(), MNT_DETACH)
 
 
-def conversation_view(conv, workspace, stage):
+def conversation_view(conv, workspace, stage, owners=None):
     """Make the view of conversation conv's uploads (see above), with
-    stage (a directory only root can reach) to assemble it in."""
+    stage (a directory nobody can write, on which this worker mounts a
+    tmpfs in its own mount namespace) to assemble it in."""
     if not _CONVERSATION_RE.fullmatch(conv) or ".." in conv:
         raise ViewError("not a valid conversation id")
     if not stage:
@@ -439,16 +472,16 @@ def conversation_view(conv, workspace, stage):
     try:
         ws = os.open(workspace, _O_DIR_PATH)
         fds.append(ws)
-        up = _root_dir(ws, "uploads", uploads)
+        up = _root_dir(ws, "uploads", uploads, owners=owners)
         fds.append(up)
         area = -1
-        c = _root_dir(up, conv, "%s/%s" % (uploads, conv), missing_ok=True)
+        c = _root_dir(up, conv, "%s/%s" % (uploads, conv), missing_ok=True, owners=owners)
         if c >= 0:
             fds.append(c)
-            area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True)
+            area = _root_dir(c, "temparea", "%s/%s/temparea" % (uploads, conv), missing_ok=True, owners=owners)
             if area >= 0:
                 fds.append(area)
-        # Nobody but root reaches stage, and this mount namespace is ours.
+        # The tmpfs on stage is in this mount namespace, which is ours alone.
         _mount("tmpfs", stage, "tmpfs", _VIEW_MOUNT_FLAGS, "mode=0755")
         root = os.open(stage, _O_DIR_PATH)
         fds.append(root)
@@ -473,10 +506,10 @@ def conversation_view(conv, workspace, stage):
 
 def isolate():
     """The part of a worker's set-up that needs no knowledge of its run:
-    done at fork, before the idle warm-up. The worker keeps its uid 0 and
-    its permitted and effective capabilities (within the sandbox's user
-    namespace) until drop_privileges, because a conversation's view needs
-    mounts, and which conversation is known only when the run comes."""
+    done at fork, before the idle warm-up. The worker keeps the zygote's
+    capabilities over the workers' user namespace until drop_privileges,
+    because a conversation's view needs mounts, and which conversation is
+    known only when the run comes."""
     # Raw descriptors, not file objects: fewer objects, fewer faults.
     fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     try:
@@ -502,7 +535,10 @@ def drop_privileges(plan):
     anything of the run is read: uid/gid 1000, no groups, every capability
     set empty, no_new_privs, the inner seccomp filter."""
     uid, gid, caps, fprog = plan
-    os.setgroups([])
+    # In the workers' user namespace setgroups is denied, and there are no
+    # groups to clear (the shim started the zygote with none).
+    if os.getgroups():
+        os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     # setresuid away from 0 clears the permitted, effective and ambient

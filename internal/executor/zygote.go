@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"bufio"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -42,11 +44,15 @@ var errZygoteDied = errors.New("the Python zygote died")
 // zygote is one running zygote process and the executor's end of its
 // control socket.
 type zygote struct {
-	pid  int
-	proc *os.Process // for pidfd-based kill of the zygote itself
-	conn *net.UnixConn
-	log  logger
-	rp   *reaper
+	pid  int         // the shim's, which stands for the zygote
+	proc *os.Process // the shim: killing it kills the zygote
+	// sharedPIDNS: the zygote's pids are the executor's (the shim says so).
+	// Otherwise the zygote and its workers are in a PID namespace of their
+	// own, whose init kills them all when the zygote dies.
+	sharedPIDNS bool
+	conn        *net.UnixConn
+	log         logger
+	rp          *reaper
 
 	ready chan struct{} // closed by the ready message
 	info  zygoteReady   // set before ready is closed
@@ -101,8 +107,9 @@ type spawnReply struct {
 
 // child is a process the zygote forked: an execution or a context.
 type child struct {
-	pid    int
-	exited chan struct{} // closed once status is known or the zygote died
+	pid         int           // in the zygote's PID namespace
+	sharedPIDNS bool          // which is ours: pid may be signalled
+	exited      chan struct{} // closed once status is known or the zygote died
 	// Set before exited is closed:
 	status unix.WaitStatus
 	lost   bool // the zygote died before reporting the exit
@@ -127,7 +134,9 @@ func (c *child) kill() {
 			return
 		}
 	}
-	_ = unix.Kill(c.pid, unix.SIGKILL)
+	if c.sharedPIDNS {
+		_ = unix.Kill(c.pid, unix.SIGKILL)
+	}
 }
 
 func (c *child) markGone(ws unix.WaitStatus, lost bool) {
@@ -158,10 +167,18 @@ type zygoteConfig struct {
 	RequireSeccomp bool     `json:"require_seccomp"`
 	MaxReturnBytes int      `json:"max_return_bytes"`
 	Warm           int      `json:"warm"`
+	// Set by the shim (shim.go): the runtime's masks under /proc, which
+	// each worker puts back on its own /proc, and how the zygote gets the
+	// user namespace its workers run in ("join": setns the descriptor
+	// UsernsFD; "self": unshare one).
+	ProcOvermounts []procOvermount `json:"proc_overmounts"`
+	Userns         string          `json:"userns"`
+	UsernsFD       int             `json:"userns_fd"`
 }
 
-// startZygote starts python on the script at scriptPath. onDeath runs once
-// the zygote's exit has been reaped.
+// startZygote starts python on the script at scriptPath through the shim
+// (shim.go), this binary re-executed, which gives it what it needs and no
+// capability. onDeath runs once the zygote's exit has been reaped.
 func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *reaper, log logger, onDeath func(*zygote)) (*zygote, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -183,7 +200,23 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 		return nil, err
 	}
 	defer devnull.Close()
-	cfgJSON, _ := json.Marshal(cfg)
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	defer statusR.Close()
+	defer statusW.Close()
+	dir := filepath.Dir(scriptPath)
+	copyFiles := []string{filepath.Base(scriptPath), "worker.py", "runner.py"}
+	if cfg.SeccompFile != "" {
+		if filepath.Dir(cfg.SeccompFile) != dir {
+			conn.Close()
+			return nil, fmt.Errorf("zygote: the seccomp filter %s is not in %s", cfg.SeccompFile, dir)
+		}
+		copyFiles = append(copyFiles, filepath.Base(cfg.SeccompFile))
+	}
+	shimJSON, _ := json.Marshal(shimConfig{Python: python, Script: scriptPath, ControlDir: dir, Copy: copyFiles, Zygote: cfg})
 	z := &zygote{
 		conn:     conn,
 		log:      log,
@@ -194,12 +227,12 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 		children: make(map[int]*child),
 	}
 	pid, err := rp.start(func() (int, error) {
-		p, err := os.StartProcess(python, []string{python, "-I", scriptPath, string(cfgJSON)}, &os.ProcAttr{
+		p, err := os.StartProcess("/proc/self/exe", []string{selfPath(), shimMode, string(shimJSON)}, &os.ProcAttr{
 			Env: env,
 			Dir: "/",
 			// stdout is not ours to use; stderr is the executor's log, for
 			// what Python prints when it crashes.
-			Files: []*os.File{devnull, devnull, os.Stderr, theirs},
+			Files: []*os.File{devnull, devnull, os.Stderr, theirs, statusW},
 			// No Pdeathsig: it fires when the forking *thread* exits, which
 			// the Go runtime may do at any time. The zygote exits when its
 			// control socket closes instead, which happens when we die.
@@ -215,6 +248,22 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 		return nil, fmt.Errorf("start zygote %s: %w", python, err)
 	}
 	z.pid = pid
+	statusW.Close()
+	// The shim reports once the zygote runs, or exits: its word, not the
+	// zygote's, says whether the zygote's pids are ours.
+	line, _ := bufio.NewReader(io.LimitReader(statusR, 4096)).ReadBytes('\n')
+	var st shimStatus
+	if err := json.Unmarshal(line, &st); err != nil || st.Error != "" {
+		// The shim exits (the reaper reaps it) after saying why, here or
+		// on stderr if it could not get that far.
+		z.kill()
+		why := st.Error
+		if why == "" {
+			why = "it failed (see the executor's log)"
+		}
+		return nil, fmt.Errorf("start zygote %s: %.1024s", python, why)
+	}
+	z.sharedPIDNS = st.SharedPIDNS
 	go z.readLoop()
 	return z, nil
 }
@@ -282,7 +331,7 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 		close(z.ready)
 		z.log.Info("zygote ready", "pid", z.pid, "python", m.Python, "preloaded", m.Preloaded, "preload_errors", m.Errors)
 	case "spawned":
-		c := &child{pid: m.Pid, pidfd: -1, exited: make(chan struct{})}
+		c := &child{pid: m.Pid, sharedPIDNS: z.sharedPIDNS, pidfd: -1, exited: make(chan struct{})}
 		if len(fds) > 0 {
 			c.pidfd = fds[0]
 			closeAll(fds[1:])
@@ -304,7 +353,7 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 			z.log.Error("zygote sent a worker without its channel", "pid", m.Pid)
 			return
 		}
-		c := &child{pid: m.Pid, pidfd: -1, exited: make(chan struct{})}
+		c := &child{pid: m.Pid, sharedPIDNS: z.sharedPIDNS, pidfd: -1, exited: make(chan struct{})}
 		if len(fds) > 1 {
 			c.pidfd = fds[1]
 			closeAll(fds[2:])
@@ -402,11 +451,26 @@ func (z *zygote) spawn(ctx context.Context, kind, conversation string, fds []int
 	}
 }
 
-// kill stops the zygote. Its children are not killed by that; die does it.
+// kill stops the zygote by stopping the shim, which kills it, and on
+// Linux its PID namespace with it. Children in the executor's PID
+// namespace (gVisor) are not killed by that; die does it.
 func (z *zygote) kill() {
-	if z.proc != nil {
-		_ = z.proc.Signal(os.Kill)
+	if z.proc == nil {
+		return
 	}
+	// SIGTERM lets the shim kill the zygote, reap it and end the holder
+	// of its namespaces before it exits; SIGKILL does it the hard way,
+	// leaving the holder for the reaper, if the shim is somehow stuck.
+	_ = z.proc.Signal(unix.SIGTERM)
+	go func() {
+		t := time.NewTimer(5 * time.Second)
+		defer t.Stop()
+		select {
+		case <-z.dead:
+		case <-t.C:
+			_ = z.proc.Signal(os.Kill)
+		}
+	}()
 }
 
 // die runs when the zygote's exit was reaped: its children have been
@@ -428,7 +492,11 @@ func (z *zygote) die(ws unix.WaitStatus, onDeath func(*zygote)) {
 		for _, c := range children {
 			c.kill()
 			c.markGone(0, true)
-			z.rp.adopt(c.pid)
+			if z.sharedPIDNS {
+				// Reparented to us; otherwise they die and are reaped
+				// with their PID namespace.
+				z.rp.adopt(c.pid)
+			}
 		}
 		if onDeath != nil {
 			onDeath(z)

@@ -24,7 +24,9 @@ Every process it forks (a "worker") is PID 1 of a fresh PID namespace, so
 that when it dies the kernel kills everything it started, daemons included.
 The worker takes a mount namespace and a /proc of its own, empties its
 bounding set and warms up (rehearsing, among others, the steps below),
-still uid 0 with its capabilities, then waits on its channel (fd 3) for
+still with the zygote's capabilities over the workers' user namespace
+(which maps uid 1000 alone: see enter_userns), then waits on its channel
+(fd 3) for
 {"op":"run","conversation":C} (conversation optional) with the payload,
 stdout, stderr and result descriptors. Only then does it make the
 conversation's view of the uploads (mounts), drop to the sandbox user with
@@ -96,6 +98,7 @@ MAX_MSG = 1 << 16
 MAX_FDS = 8
 
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUSER = 0x10000000
 libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -375,6 +378,11 @@ def main():
     # collection in a worker does not touch (and so copy) every shared page.
     gc.collect()
     gc.freeze()
+    try:
+        enter_userns()
+    except OSError as e:
+        log(sock, "error", "cannot enter the workers' user namespace: %s" % e)
+        os._exit(70)
     global INHERITED_CAPS_DROPPED
     INHERITED_CAPS_DROPPED = drop_inherited_caps()
     # The executor stops the zygote with SIGKILL or by closing the socket.
@@ -383,6 +391,37 @@ def main():
     send(sock, {"op": "ready", "preloaded": preloaded, "errors": errors,
                 "python": sys.version.split()[0]})
     z.loop()
+
+
+def enter_userns():
+    """Take the user namespace the workers run in, after the preload: the
+    zygote runs the template's code (its interpreter, sitecustomize,
+    preload list) as the sandbox user without any capability, and gets
+    capabilities only over that namespace, which maps uid and gid 1000 and
+    nothing else (shim.go). "join": the shim made it and handed us its
+    descriptor, which its owner (our uid) may setns. "self" (gVisor, which
+    cannot setns a user namespace): make it."""
+    mode = CFG.get("userns") or ""
+    if mode == "join":
+        fd = CFG["userns_fd"]
+        if libc.setns(fd, CLONE_NEWUSER) != 0:
+            _fail("setns(user namespace)")
+        os.close(fd)
+    elif mode == "self":
+        if libc.unshare(CLONE_NEWUSER) != 0:
+            _fail("unshare(CLONE_NEWUSER)")
+        for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (UID, UID)), ("gid_map", "%d %d 1" % (GID, GID))):
+            try:
+                fd = os.open("/proc/self/" + name, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, text.encode())
+                finally:
+                    os.close(fd)
+            except OSError:
+                if name != "setgroups":  # gVisor has no setgroups file
+                    raise
+    elif mode:
+        raise OSError(errno.EINVAL, "unknown userns mode %r" % mode)
 
 
 def _load_runner():

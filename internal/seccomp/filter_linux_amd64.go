@@ -20,14 +20,6 @@ const (
 	offArg1Low32 = 24
 )
 
-// btrfsCreateIoctls make a btrfs subvolume or snapshot: BTRFS_IOC_SNAP_CREATE,
-// SUBVOL_CREATE, SNAP_CREATE_V2 and SUBVOL_CREATE_V2. btrfs lets any user
-// make one in a directory they can write, and a subvolume inside a
-// workspace is outside the workspace's quota: user code must not.
-// ioctl's request is an unsigned int, so its low 32 bits are what the
-// kernel reads.
-var btrfsCreateIoctls = []uint32{0x50009401, 0x5000940e, 0x50009417, 0x50009418}
-
 // x32SyscallBit marks a system call made through the x32 ABI. x32 calls
 // arrive with arch AUDIT_ARCH_X86_64, so the arch check alone lets them in.
 const x32SyscallBit = 0x40000000
@@ -187,4 +179,87 @@ func (a *assembler) assemble() ([]byte, error) {
 		out = binary.NativeEndian.AppendUint32(out, in.K)
 	}
 	return out, nil
+}
+
+// Namespace flags the zygote's filter refuses. The zygote and its workers
+// may make mount and PID namespaces (each execution gets its own), and
+// nothing else: no network namespace (it would leave the sandbox's
+// network-less one for one of its own, with a loopback and netfilter to
+// program), no IPC, UTS, cgroup or time namespace, and no user namespace,
+// which would give the tenant's code every capability over whatever it
+// then creates. clone's flags are read on their low 32 bits by the kernel;
+// unshare refuses (EINVAL) any bit it does not know, the upper 32 among
+// them, so checking the low half is enough for both.
+const (
+	zygoteRefusedNamespaces = unix.CLONE_NEWNET | unix.CLONE_NEWIPC | unix.CLONE_NEWUTS |
+		unix.CLONE_NEWCGROUP | unix.CLONE_NEWTIME
+	// zygoteSetnsTypes are the namespace types the zygote joins: the
+	// user namespace its workers run in, its own PID namespace (to make
+	// the next worker's) and, for completeness, a mount namespace. setns
+	// with type 0 ("any") is refused, so that the type is checked.
+	zygoteSetnsUser = unix.CLONE_NEWUSER
+	zygoteSetnsPID  = unix.CLONE_NEWPID
+	zygoteSetnsMnt  = unix.CLONE_NEWNS
+)
+
+// ZygoteFilter returns the seccomp program the trusted shim installs on
+// the Python zygote before it execs it, so that it binds the template's
+// code (its interpreter, its sitecustomize, its preload modules) from
+// their first instruction, and every worker the zygote forks. On top of
+// the outer profile it
+//
+//   - kills the process for any architecture but x86_64, and refuses x32
+//     system calls, as InnerFilter does;
+//   - answers clone3 with ENOSYS, so that libc falls back to clone;
+//   - refuses clone and unshare with a network, IPC, UTS, cgroup or time
+//     namespace flag, and with CLONE_NEWUSER (clone always; unshare
+//     unless selfUserns);
+//   - refuses setns but into a user, PID or mount namespace;
+//   - refuses the btrfs subvolume and snapshot ioctls;
+//   - allows everything else, which the outer profile still filters.
+//
+// selfUserns is for gVisor, which cannot setns into a user namespace: there
+// the zygote makes its own (unshare(CLONE_NEWUSER), as uid 1000 without
+// capabilities, which any process may) instead of joining the one the shim
+// made, so unshare must let that flag through. Those namespaces are the
+// sentry's, never the host kernel's.
+func ZygoteFilter(selfUserns bool) ([]byte, error) {
+	unshareRefused := uint32(zygoteRefusedNamespaces | unix.CLONE_NEWUSER)
+	if selfUserns {
+		unshareRefused = zygoteRefusedNamespaces
+	}
+	var a assembler
+	a.load(offArch)
+	a.jumpIf(unix.BPF_JEQ, unix.AUDIT_ARCH_X86_64, "", "kill")
+	a.load(offNr)
+	a.jumpIf(unix.BPF_JSET, x32SyscallBit, "eperm", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE3, "enosys", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_IOCTL, "ioctl", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_SETNS, "setns", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_UNSHARE, "unshare", "")
+	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE, "", "allow")
+	a.load(offArg0Low32)
+	a.jumpIf(unix.BPF_JSET, zygoteRefusedNamespaces|unix.CLONE_NEWUSER, "eperm", "allow")
+	a.label("unshare")
+	a.load(offArg0Low32)
+	a.jumpIf(unix.BPF_JSET, unshareRefused, "eperm", "allow")
+	a.label("setns")
+	a.load(offArg1Low32)
+	a.jumpIf(unix.BPF_JEQ, zygoteSetnsUser, "allow", "")
+	a.jumpIf(unix.BPF_JEQ, zygoteSetnsPID, "allow", "")
+	a.jumpIf(unix.BPF_JEQ, zygoteSetnsMnt, "allow", "eperm")
+	a.label("ioctl")
+	a.load(offArg1Low32)
+	for _, req := range btrfsCreateIoctls {
+		a.jumpIf(unix.BPF_JEQ, req, "eperm", "")
+	}
+	a.label("allow")
+	a.ret(retAllow)
+	a.label("eperm")
+	a.ret(retEPERM)
+	a.label("enosys")
+	a.ret(retENOSYS)
+	a.label("kill")
+	a.ret(retKillProcess)
+	return a.assemble()
 }

@@ -184,3 +184,70 @@ func TestInstallRejectsMalformedPrograms(t *testing.T) {
 		})
 	}
 }
+
+func TestZygoteFilterLogic(t *testing.T) {
+	const x86 = unix.AUDIT_ARCH_X86_64
+	const sigchld = uint64(unix.SIGCHLD)
+	sys := func(nr uint32, args ...uint64) seccompData {
+		d := seccompData{nr: nr, arch: x86}
+		copy(d.args[:], args)
+		return d
+	}
+	type tc struct {
+		name string
+		data seccompData
+		want uint32
+	}
+	common := []tc{
+		{"read", sys(unix.SYS_READ), retAllow},
+		{"mount (workers mount their /proc and views)", sys(unix.SYS_MOUNT), retAllow},
+		{"umount2", sys(unix.SYS_UMOUNT2), retAllow},
+		{"i386 getpid", seccompData{nr: 20, arch: unix.AUDIT_ARCH_I386}, retKillProcess},
+		{"x32 unshare", sys(x32SyscallBit | unix.SYS_UNSHARE), retEPERM},
+		{"clone3", sys(unix.SYS_CLONE3), retENOSYS},
+		{"fork-like clone", sys(unix.SYS_CLONE, sigchld), retAllow},
+		{"clone CLONE_NEWPID|CLONE_NEWNS", sys(unix.SYS_CLONE, unix.CLONE_NEWPID|unix.CLONE_NEWNS|sigchld), retAllow},
+		{"clone CLONE_NEWUSER", sys(unix.SYS_CLONE, unix.CLONE_NEWUSER|sigchld), retEPERM},
+		{"clone CLONE_NEWNET", sys(unix.SYS_CLONE, unix.CLONE_NEWNET|sigchld), retEPERM},
+		{"clone CLONE_NEWNET high bits", sys(unix.SYS_CLONE, 1<<40|unix.CLONE_NEWNET|sigchld), retEPERM},
+		{"unshare CLONE_NEWPID", sys(unix.SYS_UNSHARE, unix.CLONE_NEWPID), retAllow},
+		{"unshare CLONE_NEWNS", sys(unix.SYS_UNSHARE, unix.CLONE_NEWNS), retAllow},
+		{"unshare CLONE_NEWNET", sys(unix.SYS_UNSHARE, unix.CLONE_NEWNET), retEPERM},
+		{"unshare CLONE_NEWIPC", sys(unix.SYS_UNSHARE, unix.CLONE_NEWIPC), retEPERM},
+		{"unshare CLONE_NEWUTS", sys(unix.SYS_UNSHARE, unix.CLONE_NEWUTS), retEPERM},
+		{"unshare CLONE_NEWCGROUP", sys(unix.SYS_UNSHARE, unix.CLONE_NEWCGROUP), retEPERM},
+		{"unshare CLONE_NEWTIME", sys(unix.SYS_UNSHARE, unix.CLONE_NEWTIME), retEPERM},
+		{"unshare CLONE_NEWNS|CLONE_NEWNET", sys(unix.SYS_UNSHARE, unix.CLONE_NEWNS|unix.CLONE_NEWNET), retEPERM},
+		{"setns user", sys(unix.SYS_SETNS, 4, unix.CLONE_NEWUSER), retAllow},
+		{"setns pid", sys(unix.SYS_SETNS, 4, unix.CLONE_NEWPID), retAllow},
+		{"setns any type", sys(unix.SYS_SETNS, 4, 0), retEPERM},
+		{"setns net", sys(unix.SYS_SETNS, 4, unix.CLONE_NEWNET), retEPERM},
+		{"setns user|net (pidfd)", sys(unix.SYS_SETNS, 4, unix.CLONE_NEWUSER|unix.CLONE_NEWNET), retEPERM},
+		{"ioctl FICLONE", sys(unix.SYS_IOCTL, 3, unix.FICLONE), retAllow},
+		{"ioctl btrfs subvolume create", sys(unix.SYS_IOCTL, 3, 0x5000940e), retEPERM},
+		{"ioctl btrfs snapshot create v2 high bits", sys(unix.SYS_IOCTL, 3, 1<<40|0x50009417), retEPERM},
+	}
+	for _, selfUserns := range []bool{false, true} {
+		prog, err := ZygoteFilter(selfUserns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := retEPERM
+		if selfUserns {
+			want = retAllow
+		}
+		cases := append(common, tc{"unshare CLONE_NEWUSER", sys(unix.SYS_UNSHARE, unix.CLONE_NEWUSER), want},
+			tc{"unshare CLONE_NEWUSER|CLONE_NEWNET", sys(unix.SYS_UNSHARE, unix.CLONE_NEWUSER|unix.CLONE_NEWNET), retEPERM})
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("selfUserns=%v/%s", selfUserns, c.name), func(t *testing.T) {
+				got, err := run(prog, c.data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got != c.want {
+					t.Errorf("got %#x, want %#x", got, c.want)
+				}
+			})
+		}
+	}
+}

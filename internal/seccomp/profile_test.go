@@ -38,9 +38,9 @@ var mustDeny = []string{
 	"vm86", "vm86old",
 }
 
-// conditional are allowed only through argument rules (conditionalRules);
+// conditional are allowed only through argument rules (conditionalRules, ioctlRules);
 // an unconditional entry in either list would override those rules.
-var conditional = []string{"personality", "socket"}
+var conditional = []string{"ioctl", "personality", "socket"}
 
 func TestProfileLists(t *testing.T) {
 	p, err := parseProfile(profileJSON)
@@ -125,7 +125,12 @@ func TestOCI(t *testing.T) {
 
 	allowed := map[string]bool{}   // unconditionally
 	ruled := map[string][]uint64{} // name -> arg0 values of its rules
+	var ioctls []specs.LinuxSyscall
 	for _, sc := range s.Syscalls {
+		if slices.Equal(sc.Names, []string{"ioctl"}) {
+			ioctls = append(ioctls, sc) // checked by TestIoctlRules
+			continue
+		}
 		if sc.Action != specs.ActAllow {
 			t.Errorf("rule for %v has action %s; the profile should only allow", sc.Names, sc.Action)
 		}
@@ -167,6 +172,10 @@ func TestOCI(t *testing.T) {
 		t.Errorf("socket allowed for families %v; want AF_UNIX and never AF_VSOCK (40)", got)
 	}
 
+	if len(ioctls) == 0 {
+		t.Error("no rule allows ioctl")
+	}
+
 	// Callers may change what they get.
 	s.Syscalls[0].Names[0] = "ptrace"
 	if OCI().Syscalls[0].Names[0] == "ptrace" {
@@ -183,4 +192,65 @@ func TestMustParsePanics(t *testing.T) {
 		}
 	}()
 	mustParse([]byte(`{"allow": 1}`))
+}
+
+// TestIoctlRules evaluates the ioctl rules the way the kernel's filter
+// will (libseccomp ORs them): every request is allowed but the btrfs
+// subvolume and snapshot ones, also when a high bit is set to dodge a
+// comparison, while a negative int's sign extension passes.
+func TestIoctlRules(t *testing.T) {
+	var rules []specs.LinuxSyscall
+	for _, sc := range OCI().Syscalls {
+		if slices.Contains(sc.Names, "ioctl") {
+			if len(sc.Names) != 1 || sc.Action != specs.ActAllow || len(sc.Args) != 1 || sc.Args[0].Index != 1 {
+				t.Fatalf("ioctl rule %+v: want allow rules with one comparison of the request each", sc)
+			}
+			rules = append(rules, sc)
+		}
+	}
+	allowed := func(req uint64) bool {
+		for _, r := range rules {
+			a := r.Args[0]
+			switch a.Op {
+			case specs.OpMaskedEqual:
+				if req&a.Value == a.ValueTwo {
+					return true
+				}
+			case specs.OpGreaterEqual:
+				if req >= a.Value {
+					return true
+				}
+			default:
+				t.Fatalf("ioctl rule with op %s", a.Op)
+			}
+		}
+		return false
+	}
+	refused := []uint64{0x50009401, 0x5000940e, 0x50009417, 0x50009418,
+		1<<32 | 0x5000940e, 0xffff0000_50009418, 1<<63 | 0x50009401, 0x7fffffff_50009417}
+	for _, req := range refused {
+		if allowed(req) {
+			t.Errorf("ioctl request %#x is allowed", req)
+		}
+	}
+	ordinary := []uint64{0, 1, 0x5401 /* TCGETS */, 0x5413 /* TIOCGWINSZ */, 0x40049409, /* FICLONE */
+		0x4020940d /* FICLONERANGE */, 0xc0189436 /* FIDEDUPERANGE */, 0x50009400, 0x50009402, 0x5000940d,
+		0x5000940f, 0x50009416, 0x50009419, 0x7fffffff, 0x80000000, 0xffffffff,
+		0xffffffff_c0189436 /* FIDEDUPERANGE as a negative int */, ^uint64(0)}
+	for _, req := range ordinary {
+		if !allowed(req) {
+			t.Errorf("ioctl request %#x is refused", req)
+		}
+	}
+	// The blocks cover [0, 2^32) but the refused requests exactly.
+	var covered uint64
+	for _, r := range rules {
+		if a := r.Args[0]; a.Op == specs.OpMaskedEqual {
+			covered += ^a.Value + 1
+		}
+	}
+	if want := uint64(1<<32) - 4; covered != want {
+		t.Errorf("the masked ioctl rules cover %d requests, want %d", covered, want)
+	}
+	t.Logf("%d ioctl rules", len(rules))
 }

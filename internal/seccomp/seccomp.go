@@ -67,7 +67,8 @@ func mustParse(data []byte) *profile {
 // Names returns copies of the two lists in profile.json: allow is what user
 // code may call, executorOnly what only the executor and zygote may call.
 // The outer profile allows both; the inner filter refuses executorOnly.
-// socket and personality are in neither: OCI allows them with argument rules.
+// socket, personality and ioctl are in neither: OCI allows them with
+// argument rules.
 func Names() (allow, executorOnly []string) {
 	return slices.Clone(loaded.Allow), slices.Clone(loaded.ExecutorOnly)
 }
@@ -98,7 +99,7 @@ func OCI() *specs.LinuxSeccomp {
 		Architectures:   []specs.Arch{specs.ArchX86_64},
 		Syscalls: append([]specs.LinuxSyscall{
 			{Names: names, Action: specs.ActAllow},
-		}, conditionalRules()...),
+		}, append(conditionalRules(), ioctlRules()...)...),
 	}
 }
 
@@ -114,6 +115,61 @@ func Build() *specs.LinuxSeccomp {
 	p := OCI()
 	p.Syscalls = append(p.Syscalls, specs.LinuxSyscall{Names: slices.Clone(buildOnly), Action: specs.ActAllow})
 	return p
+}
+
+// ioctlRules allow ioctl for every request but the btrfs subvolume and
+// snapshot ones, which get the profile's default answer, EPERM.
+//
+// They cannot be an unconditional allow plus errno rules, nor ranges:
+// libseccomp 2.5 (runc 1.1) lets an unconditional allow of a syscall win
+// over argument rules of the same syscall with another action (and over an
+// "always true" argument rule too), and keeps one comparison per argument
+// in a rule, so a rule cannot say "above this and below that"
+// (TestOCIProfileUnderRunc saw the btrfs requests pass in all three
+// shapes). What it does do is OR rules: the allowed requests are spelt
+// out as aligned blocks, each one masked compare of all 64 bits. The
+// kernel reads the request's low 32 bits, so a value with a high bit set
+// could alias a refused request: those are refused, except the sign
+// extension of a negative int (some libcs pass the request as an int),
+// whose low half is 0x80000000 or more, where no refused request lies.
+func ioctlRules() []specs.LinuxSyscall {
+	reqs := slices.Clone(btrfsCreateIoctls)
+	slices.Sort(reqs)
+	var rules []specs.LinuxSyscall
+	allow := func(arg specs.LinuxSeccompArg) {
+		rules = append(rules, specs.LinuxSyscall{Names: []string{"ioctl"}, Action: specs.ActAllow, Args: []specs.LinuxSeccompArg{arg}})
+	}
+	from := uint64(0)
+	ends := make([]uint64, 0, len(reqs)+1)
+	for _, req := range reqs {
+		ends = append(ends, uint64(req))
+	}
+	for _, end := range append(ends, 1<<32) {
+		for _, b := range alignedBlocks(from, end) {
+			// runc passes Value then ValueTwo to libseccomp: (arg & Value) == ValueTwo.
+			allow(specs.LinuxSeccompArg{Index: 1, Value: b.mask, ValueTwo: b.start, Op: specs.OpMaskedEqual})
+		}
+		from = end + 1
+	}
+	allow(specs.LinuxSeccompArg{Index: 1, Value: signExtendedInts, Op: specs.OpGreaterEqual})
+	return rules
+}
+
+type block struct{ start, mask uint64 }
+
+// alignedBlocks splits [lo, hi) into blocks of a power-of-two size aligned
+// on their size, each described by the mask that selects it.
+func alignedBlocks(lo, hi uint64) []block {
+	var out []block
+	for lo < hi {
+		size := uint64(1)
+		for lo%(size*2) == 0 && lo+size*2 <= hi {
+			size *= 2
+		}
+		out = append(out, block{start: lo, mask: ^(size - 1)})
+		lo += size
+	}
+	return out
 }
 
 // Argument values for the rules below, spelt out for the same reason as
@@ -133,6 +189,10 @@ const (
 	perUname26      = 0x20000
 	perLinux32Uname = 0x20008
 	perQuery        = 0xffffffff
+
+	// signExtendedInts is where a negative 32-bit int lands when it is
+	// passed as a 64-bit argument.
+	signExtendedInts = 0xffffffff80000000
 )
 
 // socketFamilies are the address families user code may open. Everything
@@ -141,6 +201,15 @@ const (
 var socketFamilies = []uint64{afUnix, afInet, afInet6, afNetlink}
 
 var personalities = []uint64{perLinux, perLinux32, perUname26, perLinux32Uname, perQuery}
+
+// btrfsCreateIoctls make a btrfs subvolume or snapshot: BTRFS_IOC_SNAP_CREATE,
+// SUBVOL_CREATE, SNAP_CREATE_V2 and SUBVOL_CREATE_V2. btrfs lets any user
+// make one in a directory they can write, and a subvolume inside a
+// workspace is outside the workspace's quota: nothing in a sandbox
+// may, the executor and the zygote included. ioctl's request is an
+// unsigned int, so its low 32 bits are what the kernel reads. The other
+// btrfs ioctls stay allowed; FICLONE (reflink copies) above all.
+var btrfsCreateIoctls = []uint32{0x50009401, 0x5000940e, 0x50009417, 0x50009418}
 
 // conditionalRules returns the allow rules that depend on an argument. Each
 // entry is one rule; the kernel allows the call if any of them matches.

@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -255,30 +258,84 @@ func readKey(path, key string) uint64 {
 	return 0
 }
 
+// maxChownEntries bounds the walk of chownTree: Create holds a start slot
+// while it runs, and a workspace may hold millions of files.
+const maxChownEntries = 100_000
+
+// errChownDone stops a walk that was cut short.
+var errChownDone = errors.New("walk stopped")
+
+// prepareWorkspace makes the workspace the sandbox user's. A workspace the
+// control plane made is already: its directory and every file in it are
+// written as the storage ids (the control plane's own files as storage
+// root, to stay read-only to user code), and what the sandbox writes
+// through its idmapped mount lands as them too; its directory owned by the
+// storage user says so, and nothing is walked. A directory of someone else
+// (one a caller of the runtime made itself, as root say) is walked by
+// chownTree, which ctx cancels and maxChownEntries bounds.
+func prepareWorkspace(ctx context.Context, dir string, uid, gid, keep int) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return err
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	_, err := chownTree(ctx, dir, uid, gid, keep, maxChownEntries)
+	return err
+}
+
 // chownTree makes every entry of dir owned by uid:gid, leaving entries that
 // already are alone (the common case: files the sandbox itself wrote), and
 // so are entries owned by keep: the sandbox's root, whose files (the
 // control plane's conversation uploads) are meant to be read-only to user
 // code. The walk is confined to dir with os.Root: a workspace may be shared
 // with a running sandbox, whose code could swap a directory for a symlink
-// to /etc between the walk reading a name and the chown of it.
-func chownTree(dir string, uid, gid, keep int) error {
+// to /etc between the walk reading a name and the chown of it. It stops
+// with ctx's error when ctx is done, and with ErrResourceExhausted past
+// limit entries, leaving dir itself as it was; it returns how many entries
+// it visited.
+func chownTree(ctx context.Context, dir string, uid, gid, keep, limit int) (int, error) {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer root.Close()
-	return fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
+	visited := 0
+	var stop error
+	err = fs.WalkDir(root.FS(), ".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if visited++; visited > limit {
+			stop = fmt.Errorf("workspace %s has more than %d entries not all the sandbox user's; chown it before use: %w", dir, limit, errdefs.ErrResourceExhausted)
+			return errChownDone
+		}
+		if visited%1024 == 0 {
+			if cerr := context.Cause(ctx); cerr != nil {
+				stop = cerr
+				return errChownDone
+			}
 		}
 		fi, err := d.Info()
 		if err != nil {
 			return err
+		}
+		if p == "." {
+			return nil // last, once the rest is done (prepareWorkspace)
 		}
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok && (int(st.Uid) == uid && int(st.Gid) == gid || int(st.Uid) == keep) {
 			return nil
 		}
 		return root.Lchown(p, uid, gid)
 	})
+	if errors.Is(err, errChownDone) {
+		return visited, stop
+	}
+	if err != nil {
+		return visited, err
+	}
+	// The directory last: its owner tells prepareWorkspace that the walk
+	// is done, so a walk cut short is taken up again by the next Create.
+	return visited, root.Lchown(".", uid, gid)
 }

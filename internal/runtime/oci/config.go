@@ -95,6 +95,10 @@ func ociSpec(c bundleConfig) *specs.Spec {
 		"--workspace", workspaceDir,
 		"--uid", strconv.Itoa(sandboxUID), "--gid", strconv.Itoa(sandboxUID),
 		"--env-file", envFile,
+		// Its own log, and the zygote's stderr, into a rotating file on
+		// the control directory's tmpfs (rootfs.go), not runc's stdout.
+		"--log-file", controlDir + "/" + executorLogName,
+		"--log-max-bytes", strconv.Itoa(executorLogMax),
 	}
 	if len(c.spec.Preload) > 0 {
 		args = append(args, "--preload", strings.Join(c.spec.Preload, ","))

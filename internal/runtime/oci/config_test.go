@@ -1,6 +1,9 @@
 package oci
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -9,6 +12,8 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
 
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
@@ -165,7 +170,7 @@ func TestChownTree(t *testing.T) {
 	// Entries of the sandbox's root (read-only uploads) stay as they are.
 	os.Mkdir(filepath.Join(dir, "uploads"), 0o755)
 	os.Chown(filepath.Join(dir, "uploads"), 100000, 100000)
-	if err := chownTree(dir, 101000, 101000, 100000); err != nil {
+	if _, err := chownTree(context.Background(), dir, 101000, 101000, 100000, maxChownEntries); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{".", "a", "a/b", "a/b/f", "a/link", "dirlink"} {
@@ -179,5 +184,54 @@ func TestChownTree(t *testing.T) {
 	}
 	if fi, _ := os.Stat(outside); fi.Sys().(*syscall.Stat_t).Uid != 0 {
 		t.Error("chownTree followed a symlink out of the tree")
+	}
+}
+
+// TestPrepareWorkspace: a workspace whose directory is the sandbox user's
+// (every workspace the control plane makes) is not walked, however many
+// files it holds, so that a big one does not hold a start slot for
+// minutes; a foreign one is, but the walk stops when the context is done
+// and past its bound, and is taken up again by the next Create.
+func TestPrepareWorkspace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	const user, root = 101000, 100000
+	owned := t.TempDir()
+	if err := os.Chown(owned, user, user); err != nil {
+		t.Fatal(err)
+	}
+	// A file of someone else in it stays theirs: nothing was walked.
+	if err := os.WriteFile(filepath.Join(owned, "host-file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareWorkspace(context.Background(), owned, user, user, root); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(filepath.Join(owned, "host-file")); fi.Sys().(*syscall.Stat_t).Uid != 0 {
+		t.Error("prepareWorkspace walked a workspace that is the sandbox user's")
+	}
+
+	foreign := t.TempDir()
+	for i := range 3000 {
+		if err := os.WriteFile(filepath.Join(foreign, fmt.Sprint(i)), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	n, err := chownTree(ctx, foreign, user, user, root, maxChownEntries)
+	if !errors.Is(err, context.Canceled) || n > 1024 {
+		t.Errorf("cancelled walk: %d entries, %v", n, err)
+	}
+	n, err = chownTree(context.Background(), foreign, user, user, root, 1000)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || n > 1001 {
+		t.Errorf("bounded walk: %d entries, %v", n, err)
+	}
+	if err := prepareWorkspace(context.Background(), foreign, user, user, root); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(filepath.Join(foreign, "2999")); fi.Sys().(*syscall.Stat_t).Uid != user {
+		t.Error("prepareWorkspace left a foreign workspace as it was")
 	}
 }

@@ -319,13 +319,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	if err := os.Mkdir(ctl, 0o700); err != nil {
 		return nil, err
 	}
-	if err := os.Chown(ctl, root, root); err != nil {
-		return nil, err
+	if err := mountControlDir(ctl, root); err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
 	}
 	// On disk the workspace belongs to the storage ids; the sandbox sees
 	// it as its own through its idmapped mount.
 	storage := int(r.cfg.UIDShift)
-	if err := chownTree(spec.Workspace, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
+	if err := prepareWorkspace(ctx, spec.Workspace, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
 		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
 	}
 	// The variables user code gets travel in a file only the sandbox's
@@ -519,16 +519,48 @@ func (r *Runtime) killInit(ctx context.Context, id string) (bool, error) {
 	}
 }
 
-// logTail is the end of the executor's log, for error messages.
+// logTail is the end of the executor's log, for error messages: what
+// runc's stdout and stderr caught in the bundle (the executor's words
+// before it opened its own log, and runc's), then the end of the log the
+// executor keeps in its control directory. Each is read by seeking to its
+// last bytes: the sandbox writes them, so their size is not the host's to
+// trust.
 func (r *Runtime) logTail(id string) string {
-	b, err := os.ReadFile(filepath.Join(r.bundle(id), "executor.log"))
-	if err != nil || len(b) == 0 {
+	b := r.bundle(id)
+	var parts []string
+	for _, p := range []struct{ dir, name string }{{b, "executor.log"}, {filepath.Join(b, "ctl"), executorLogName}} {
+		if t := strings.TrimSpace(string(readTail(p.dir, p.name, 2048))); t != "" {
+			parts = append(parts, t)
+		}
+	}
+	if len(parts) == 0 {
 		return ""
 	}
-	if len(b) > 2048 {
-		b = b[len(b)-2048:]
+	return "; executor log: " + strings.Join(parts, "\n")
+}
+
+// readTail reads at most the last n bytes of dir/name, without following a
+// symlink there.
+func readTail(dir, name string, n int64) []byte {
+	dfd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
 	}
-	return "; executor log: " + strings.TrimSpace(string(b))
+	defer unix.Close(dfd)
+	fd, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	f := os.NewFile(uintptr(fd), name)
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	off := max(fi.Size()-n, 0)
+	buf := make([]byte, min(n, fi.Size()))
+	k, _ := f.ReadAt(buf, off)
+	return buf[:k]
 }
 
 // Dial connects to the sandbox's executor.

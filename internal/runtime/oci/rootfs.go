@@ -90,4 +90,30 @@ func removeBundle(b string) error {
 }
 
 // mountPoints are the bundle's directories that Create mounts on.
-var mountPoints = []string{"rootfs", "workspace"}
+var mountPoints = []string{"rootfs", "workspace", "ctl"}
+
+// The control directory's own tmpfs (mountControlDir): room for the
+// executor's socket, the zygote's scripts and the inner filter (about 100
+// KiB), the user variables (env.json, at most a few MiB of JSON) and the
+// executor's rotating log (executorLogMax twice).
+const (
+	controlDirBytes  = 8 << 20
+	controlDirInodes = 64
+	// executorLogName is the log the executor keeps in the control
+	// directory, rotated at executorLogMax to one older file.
+	executorLogName = "executor.log"
+	executorLogMax  = 256 << 10
+)
+
+// mountControlDir mounts a tmpfs of its own on a sandbox's control
+// directory, before the sandbox starts: what the sandbox's root writes
+// there (its socket, its log) fills that and no more, not the host's /run,
+// which is RAM every sandbox and the host share. It is the sandbox's root's
+// (owner), mode 0700, and nothing there is executable or a device.
+func mountControlDir(dir string, owner int) error {
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700,uid=%d,gid=%d", controlDirBytes, controlDirInodes, owner, owner)
+	if err := unix.Mount("tmpfs", dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, opts); err != nil {
+		return fmt.Errorf("mount the control directory's tmpfs: %w", err)
+	}
+	return nil
+}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -59,39 +61,49 @@ print(' | '.join(bad) or 'none')`)
 	})
 
 	t.Run("HelperCapabilities", func(t *testing.T) {
-		// The executor and its zygote keep what making each execution's
-		// namespaces and dropping to uid 1000 takes, and nothing that
-		// changes files they do not own: no CAP_CHOWN (0),
-		// CAP_DAC_OVERRIDE (1) or CAP_FOWNER (3). The executor's own
-		// effective set is narrower still.
+		// Only sbx's own binary runs as the sandbox's root: the executor
+		// and the shim that starts the zygote (internal/executor/shim.go),
+		// and neither holds what changes files it does not own: no
+		// CAP_CHOWN (0), CAP_DAC_OVERRIDE (1) or CAP_FOWNER (3). The
+		// executor's own effective set is narrower still. The zygote is
+		// the template's Python, which the tenant may have written: it runs
+		// as uid 1000, and any capability it has is over a user namespace
+		// that maps uid 1000 alone (uid_map "1000 1000 1"), never over the
+		// sandbox's.
 		out := execRoot(t, h, s.ID, "python3", "-c", `
 import os
 bad, seen = [], set()
 for p in os.listdir('/proc'):
-    if not p.isdigit():
+    if not p.isdigit() or int(p) == os.getpid():
         continue
     try:
         st = dict(l.split(':', 1) for l in open('/proc/%s/status' % p) if ':' in l)
-        cmd = open('/proc/%s/cmdline' % p, 'rb').read().split(b'\0')[0].decode(errors='replace')
+        argv = open('/proc/%s/cmdline' % p, 'rb').read().decode(errors='replace').split('\0')
+        uid_map = open('/proc/%s/uid_map' % p).read().split()
     except OSError:
         continue
-    if st['Uid'].split()[0] != '0' or not (cmd.endswith('sbx-executor') or cmd.endswith('python3') and 'zygote' in open('/proc/%s/cmdline' % p, 'rb').read().decode(errors='replace')):
-        continue
-    for field in ('CapEff', 'CapPrm'):
-        v = int(st[field].strip(), 16)
+    uid = st['Uid'].split()[0]
+    eff, prm = int(st['CapEff'].strip(), 16), int(st['CapPrm'].strip(), 16)
+    sbx = argv[0].endswith('sbx-executor')
+    mode = argv[1] if sbx and len(argv) > 1 and argv[1].startswith('sbx-') else ''
+    zygote = not sbx and 'zygote.py' in ' '.join(argv)
+    name = 'zygote' if zygote else (mode or ('executor' if sbx else ' '.join(argv)[:60]))
+    seen.add(name)
+    if uid == '0':
+        if not sbx:
+            bad.append('%s runs as root' % name)
         for cap in (0, 1, 3):
-            if v & (1 << cap):
-                bad.append('%s %s has %d' % (cmd, field, cap))
-    # The executor itself acts with CAP_DAC_READ_SEARCH (2) and CAP_KILL
-    # (5) only; the rest it keeps permitted for the zygote it starts.
-    eff = int(st['CapEff'].strip(), 16)
-    seen.add('executor' if cmd.endswith('sbx-executor') else 'zygote')
-    if cmd.endswith('sbx-executor') and eff != (1 << 2 | 1 << 5):
-        bad.append('%s CapEff is %x' % (cmd, eff))
-    if not cmd.endswith('sbx-executor') and not eff & (1 << 21):
-        bad.append('%s CapEff %x has no CAP_SYS_ADMIN: executions need it' % (cmd, eff))
-if seen != {'executor', 'zygote'}:
-    bad.append('saw only %s' % sorted(seen))
+            if (eff | prm) & (1 << cap):
+                bad.append('%s has capability %d' % (name, cap))
+        if name == 'executor' and eff != (1 << 2 | 1 << 5):
+            bad.append('executor CapEff is %x' % eff)
+    elif (eff | prm) and uid_map != ['1000', '1000', '1']:
+        bad.append('%s (uid %s) has capabilities %x in a namespace mapping %s' % (name, uid, eff | prm, uid_map))
+    if zygote and uid != '1000':
+        bad.append('the zygote runs as uid %s' % uid)
+for want in ('executor', 'sbx-zygote-shim', 'zygote'):
+    if want not in seen:
+        bad.append('no %s among %s' % (want, sorted(seen)))
 print(' | '.join(bad) or 'none')`)
 		if out != "none" {
 			t.Errorf("privileged helpers hold capabilities they do not need: %s", out)
@@ -155,6 +167,7 @@ print(json.dumps(res))`)
 	})
 
 	t.Run("DistinctHostIDs", func(t *testing.T) { testDistinctHostIDs(t, h, s) })
+	t.Run("ControlDirBounded", func(t *testing.T) { testControlDirBounded(t, h, s) })
 
 	// Last: it leaves s without a working socket.
 	t.Run("SocketSwap", func(t *testing.T) { testSocketSwap(t, h, s) })
@@ -185,6 +198,32 @@ func testSocketSwap(t *testing.T, h *Harness, s *Sandbox) {
 	t.Logf("dial refused: %v", err)
 	// The other sandbox is unharmed.
 	other.MustRun(t, "python", "return 1")
+}
+
+// testControlDirBounded fills the control directory (/run/sbx) as the
+// sandbox's root: it is a tmpfs of its own, so the writes stop at its size
+// and the host's /run, RAM that every sandbox shares, does not grow; the
+// sandbox serves on once the file is gone.
+func testControlDirBounded(t *testing.T, h *Harness, s *Sandbox) {
+	if h.BundleDir == nil {
+		t.Fatal("Harness.BundleDir is nil: the check reads the control directory from the host")
+	}
+	ctl := filepath.Join(h.BundleDir(s.ID), "ctl")
+	out := execRoot(t, h, s.ID, "sh", "-c", "dd if=/dev/zero of=/run/sbx/fill bs=1M count=64 2>&1 | tail -1; sync")
+	fi, err := os.Stat(filepath.Join(ctl, "fill"))
+	if err != nil {
+		t.Fatalf("the fill is not in the control directory on the host: %v (dd: %s)", err, out)
+	}
+	t.Logf("dd: %s; the host holds %d bytes of it", out, fi.Size())
+	if fi.Size() > 16<<20 {
+		t.Errorf("the sandbox's root put %d bytes into its control directory on the host's /run", fi.Size())
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(ctl, &st); err != nil || st.Type != unix.TMPFS_MAGIC || uint64(st.Blocks)*uint64(st.Bsize) > 16<<20 {
+		t.Errorf("the control directory is not a small tmpfs of its own: %+v %v", st, err)
+	}
+	execRoot(t, h, s.ID, "rm", "-f", "/run/sbx/fill")
+	s.MustRun(t, "python", "return 1")
 }
 
 // testDistinctHostIDs checks that two sandboxes share no host uid: seen

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,6 +36,9 @@ func main() {
 	report("socket AF_INET", socket(unix.AF_INET, unix.SOCK_STREAM))
 	report("socket AF_NETLINK", socket(unix.AF_NETLINK, unix.SOCK_RAW))
 	report("personality query", errno(unix.Syscall(unix.SYS_PERSONALITY, 0xffffffff, 0, 0)))
+	// An ioctl the profile lets through: on a tmpfs file FICLONE fails
+	// with EXDEV or EOPNOTSUPP, never EPERM.
+	report("ioctl FICLONE", ioctl(unix.FICLONE))
 
 	// Only meaningful with CAP_SYS_ADMIN, which the executor has: the
 	// profile must let it mount and make namespaces.
@@ -56,6 +60,9 @@ func main() {
 	report("perf_event_open", errno(unix.Syscall6(unix.SYS_PERF_EVENT_OPEN, 0, 0, ^uintptr(0), ^uintptr(0), 0, 0)))
 	report("io_uring_setup", errno(unix.Syscall(unix.SYS_IO_URING_SETUP, 0, 0, 0)))
 	report("socket AF_VSOCK", socket(unix.AF_VSOCK, unix.SOCK_STREAM))
+	// Unfiltered, a btrfs ioctl on a tmpfs directory fails with ENOTTY.
+	report("ioctl BTRFS_IOC_SUBVOL_CREATE", ioctl(btrfsIocSubvolCreate))
+	report("ioctl BTRFS_IOC_SNAP_CREATE_V2 high bits", ioctl(1<<32|btrfsIocSnapCreateV2))
 	// The kernel reads the family as an int; a rule comparing 64 bits
 	// would see a family that is not AF_VSOCK.
 	report("socket AF_VSOCK high bits", socket(1<<32|unix.AF_VSOCK, unix.SOCK_STREAM))
@@ -63,6 +70,34 @@ func main() {
 	// this process, which execs nothing after them.
 	report("personality high bits", errno(unix.Syscall(unix.SYS_PERSONALITY, 1<<32, 0, 0)))
 	report("personality ADDR_NO_RANDOMIZE", errno(unix.Syscall(unix.SYS_PERSONALITY, addrNoRandomize, 0, 0)))
+}
+
+// btrfs ioctl requests (linux/btrfs.h).
+const (
+	btrfsIocSubvolCreate = 0x5000940e
+	btrfsIocSnapCreateV2 = 0x50009417
+)
+
+// ioctl calls request on /tmp (a directory) or a file in it; the
+// argument is a zeroed buffer big enough for any of the requests.
+func ioctl(request uint64) string {
+	dir, err := os.Open("/tmp")
+	if err != nil {
+		return name(err)
+	}
+	defer dir.Close()
+	f, err := os.CreateTemp("/tmp", "probe")
+	if err != nil {
+		return name(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 8192)
+	fd, arg := dir.Fd(), uintptr(unsafe.Pointer(&buf[0]))
+	if request == unix.FICLONE {
+		fd, arg = f.Fd(), dir.Fd()
+	}
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, fd, uintptr(request), arg)
+	return errno(0, 0, e)
 }
 
 // addrNoRandomize is ADDR_NO_RANDOMIZE from <linux/personality.h>.
