@@ -254,3 +254,25 @@ func TestIoctlRules(t *testing.T) {
 	}
 	t.Logf("%d ioctl rules", len(rules))
 }
+
+// TestBuildProfile: template builds may chroot (debootstrap does, into the
+// job's own root) but make no namespace and no mount, as the executor may,
+// and keep every other rule of the outer profile.
+func TestBuildProfile(t *testing.T) {
+	b, o := Build(), OCI()
+	allowed := b.Syscalls[0].Names
+	if !slices.Contains(allowed, "chroot") {
+		t.Error("builds may not chroot")
+	}
+	for _, n := range []string{"mount", "umount2", "unshare", "setns"} {
+		if slices.Contains(allowed, n) {
+			t.Errorf("builds may call %s", n)
+		}
+	}
+	if len(b.Syscalls) != len(o.Syscalls) || b.DefaultAction != o.DefaultAction {
+		t.Errorf("the build profile has %d rules (default %s), the outer one %d (default %s)", len(b.Syscalls), b.DefaultAction, len(o.Syscalls), o.DefaultAction)
+	}
+	if slices.Contains(OCI().Syscalls[0].Names, "chroot") {
+		t.Error("Build changed the outer profile")
+	}
+}

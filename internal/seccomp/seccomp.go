@@ -103,17 +103,20 @@ func OCI() *specs.LinuxSeccomp {
 	}
 }
 
-// buildOnly are what template builds (oci jobs) may call beyond OCI's
-// profile: debootstrap's second stage runs every command through chroot,
+// buildOnly are what template builds (oci jobs) may call beyond what user
+// code may: debootstrap's second stage runs every command through chroot,
 // into the job's own root. A job's root is a pivot_root'ed rootfs in a
 // mount namespace of its own, so chroot leads nowhere outside it.
 var buildOnly = []string{"chroot"}
 
-// Build returns the seccomp profile of template builds: OCI's, plus
-// buildOnly.
+// Build returns the seccomp profile of template builds: what user code
+// may call (OCI's profile without the executor's namespace and mount
+// calls: a build is no executor, and makes no namespace), plus buildOnly.
 func Build() *specs.LinuxSeccomp {
 	p := OCI()
-	p.Syscalls = append(p.Syscalls, specs.LinuxSyscall{Names: slices.Clone(buildOnly), Action: specs.ActAllow})
+	names := slices.DeleteFunc(slices.Clone(p.Syscalls[0].Names), func(n string) bool { return slices.Contains(loaded.ExecutorOnly, n) })
+	p.Syscalls[0].Names = append(names, buildOnly...)
+	slices.Sort(p.Syscalls[0].Names)
 	return p
 }
 

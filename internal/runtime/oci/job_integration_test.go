@@ -93,6 +93,10 @@ def dial(port):
     except OSError as e:
         return "refused"
 print("host", dial(%d))
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+for name, flag in (("userns", 0x10000000), ("netns", 0x40000000)):
+    print(name, "made" if libc.unshare(flag) == 0 else os.strerror(ctypes.get_errno()).replace(" ", "_"))
 print("egress", dial(%d))
 # The classic double chroot: from a chroot inside the job, up and out.
 os.makedirs("/workspace/jail", exist_ok=True)
@@ -139,6 +143,11 @@ os.chown("/workspace/written", 1000, 1000)
 	}
 	if got["pid"] != "1" || got["hostname"] != "sbx-build" {
 		t.Errorf("pid %q, hostname %q: want its own PID and UTS namespaces", got["pid"], got["hostname"])
+	}
+	for _, ns := range []string{"userns", "netns"} {
+		if got[ns] != "Operation_not_permitted" {
+			t.Errorf("unshare of a %s in a build job: %q, want EPERM", ns, got[ns])
+		}
 	}
 	if got["host"] != "refused" {
 		t.Errorf("the job reached a host loopback service: %q", got["host"])
