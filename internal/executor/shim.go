@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/internal/mountinfo"
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
 )
 
@@ -451,7 +452,7 @@ func removeProcOvermounts() ([]procOvermount, error) {
 		if len(fields) < 5 || sep < 0 || sep+1 >= len(fields) {
 			continue
 		}
-		point := unescapeMountPath(fields[4])
+		point := mountinfo.Unescape(fields[4])
 		if !strings.HasPrefix(point, "/proc/") {
 			continue
 		}
@@ -468,25 +469,6 @@ func removeProcOvermounts() ([]procOvermount, error) {
 		}
 	}
 	return out, nil
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // coverControlDir mounts, in this mount namespace, a small read-only tmpfs

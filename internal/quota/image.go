@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/mountinfo"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -206,7 +208,7 @@ func mountedFrom(dir, image string) (bool, error) {
 	for sc.Scan() {
 		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || unescapeMount(fields[4]) != dir {
+		if len(fields) < 10 || mountinfo.Unescape(fields[4]) != dir {
 			continue
 		}
 		for i, f := range fields {
@@ -239,23 +241,4 @@ func realPath(path string) (string, error) {
 		return r, nil
 	}
 	return path, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

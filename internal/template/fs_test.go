@@ -230,19 +230,6 @@ func TestLockExcludes(t *testing.T) {
 	unlockFile(b)
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:            "/plain",
-		`/with\040space`:    "/with space",
-		`/tab\011and\134bs`: "/tab\tand\\bs",
-		`/trailing\04`:      `/trailing\04`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestMountsUnder(t *testing.T) {
 	mps, err := mountsUnder("/")
 	if err != nil || len(mps) == 0 || mps[len(mps)-1] != "/" {
