@@ -287,7 +287,6 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	templates := template.NewStore(cfg.TemplateDir)
 	templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
-	templates.MaxBuildBytes = registry.DefaultMaxBuildBytes
 	newRuntime := cfg.Runtime
 	if newRuntime == nil {
 		newRuntime = func(name string) (runtime.Runtime, error) {

@@ -81,20 +81,7 @@ func InnerFilter() ([]byte, error) {
 	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE, "", "allow")
 	a.load(offArg0Low32)
 	a.jumpIf(unix.BPF_JSET, cloneNamespaceFlags, "eperm", "allow")
-	a.label("ioctl")
-	a.load(offArg1Low32)
-	for _, req := range btrfsCreateIoctls {
-		a.jumpIf(unix.BPF_JEQ, req, "eperm", "")
-	}
-	a.label("allow")
-	a.ret(retAllow)
-	a.label("eperm")
-	a.ret(retEPERM)
-	a.label("enosys")
-	a.ret(retENOSYS)
-	a.label("kill")
-	a.ret(retKillProcess)
-	return a.assemble()
+	return a.finish()
 }
 
 // syscallNumbers maps names to sorted, unique amd64 numbers.
@@ -143,6 +130,25 @@ func (a *assembler) label(name string) {
 		a.labels = map[string]int{}
 	}
 	a.labels[name] = len(a.insns)
+}
+
+// finish ends both filters alike: the "ioctl" label refuses the btrfs
+// subvolume and snapshot requests, then the answers every jump names.
+func (a *assembler) finish() ([]byte, error) {
+	a.label("ioctl")
+	a.load(offArg1Low32)
+	for _, req := range btrfsCreateIoctls {
+		a.jumpIf(unix.BPF_JEQ, req, "eperm", "")
+	}
+	a.label("allow")
+	a.ret(retAllow)
+	a.label("eperm")
+	a.ret(retEPERM)
+	a.label("enosys")
+	a.ret(retENOSYS)
+	a.label("kill")
+	a.ret(retKillProcess)
+	return a.assemble()
 }
 
 func (a *assembler) assemble() ([]byte, error) {
@@ -248,18 +254,5 @@ func ZygoteFilter(selfUserns bool) ([]byte, error) {
 	a.jumpIf(unix.BPF_JEQ, zygoteSetnsUser, "allow", "")
 	a.jumpIf(unix.BPF_JEQ, zygoteSetnsPID, "allow", "")
 	a.jumpIf(unix.BPF_JEQ, zygoteSetnsMnt, "allow", "eperm")
-	a.label("ioctl")
-	a.load(offArg1Low32)
-	for _, req := range btrfsCreateIoctls {
-		a.jumpIf(unix.BPF_JEQ, req, "eperm", "")
-	}
-	a.label("allow")
-	a.ret(retAllow)
-	a.label("eperm")
-	a.ret(retEPERM)
-	a.label("enosys")
-	a.ret(retENOSYS)
-	a.label("kill")
-	a.ret(retKillProcess)
-	return a.assemble()
+	return a.finish()
 }

@@ -43,7 +43,8 @@ func (s *Store) maxBuildTime() time.Duration {
 // areaInodes bounds the files of a build's area.
 const areaInodes = 1 << 20
 
-func (s *Store) maxBuildBytes() int64 {
+// BuildLimit is the most a build may take: MaxBuildBytes or its default.
+func (s *Store) BuildLimit() int64 {
 	if s.MaxBuildBytes > 0 {
 		return s.MaxBuildBytes
 	}
@@ -52,7 +53,7 @@ func (s *Store) maxBuildBytes() int64 {
 
 // jobMemoryMB is what each build command may use: its processes, and the
 // area it fills.
-func (s *Store) jobMemoryMB() int64 { return s.maxBuildBytes()>>20 + 2048 }
+func (s *Store) jobMemoryMB() int64 { return s.BuildLimit()>>20 + 2048 }
 
 // makeArea mounts a build's area on tmp/area and returns its path.
 func (s *Store) makeArea(tmp string) (string, error) {
@@ -60,9 +61,9 @@ func (s *Store) makeArea(tmp string) (string, error) {
 	if err := os.Mkdir(area, 0o700); err != nil {
 		return "", err
 	}
-	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", s.maxBuildBytes(), areaInodes)
+	opts := fmt.Sprintf("size=%d,nr_inodes=%d,mode=0700", s.BuildLimit(), areaInodes)
 	if err := unix.Mount("sbx-build", area, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
-		return "", fmt.Errorf("the build's area (a tmpfs of %d MiB): %w", s.maxBuildBytes()>>20, err)
+		return "", fmt.Errorf("the build's area (a tmpfs of %d MiB): %w", s.BuildLimit()>>20, err)
 	}
 	return area, nil
 }
@@ -83,7 +84,7 @@ func (s *Store) areaError(area, what string, err error) error {
 	var st unix.Statfs_t
 	if errors.Is(err, unix.ENOSPC) || unix.Statfs(area, &st) == nil && (st.Bavail*uint64(st.Bsize) < 1<<20 || st.Ffree < 16) {
 		return fmt.Errorf("%s: the build passed the most a template may take (%d MiB, %d files): %w",
-			what, s.maxBuildBytes()>>20, areaInodes, errdefs.ErrResourceExhausted)
+			what, s.BuildLimit()>>20, areaInodes, errdefs.ErrResourceExhausted)
 	}
 	return err
 }

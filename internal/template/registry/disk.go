@@ -15,16 +15,14 @@ import (
 
 // Tenants' builds are on the server's disk, outside any workspace quota:
 // what a tenant may hold there is bounded here. A build may take
-// MaxBuildBytes (a larger one fails and is removed), a tenant's templates
+// MaxBuildBytes (the store stops it there as it runs; a build that came out
+// larger all the same fails and is removed), a tenant's templates
 // MaxTenantBytes together, and a build starts only while the disk has
 // room for a build of the largest size, so that no tenant fills it. The
 // versions no session runs on are removed once a newer one is built.
 
-// Defaults of Config.
-const (
-	DefaultMaxBuildBytes  = 4 << 30
-	DefaultMaxTenantBytes = 20 << 30
-)
+// DefaultMaxTenantBytes is Config.MaxTenantBytes' default.
+const DefaultMaxTenantBytes = 20 << 30
 
 // checkDisk refuses a build the tenant or the disk has no room for.
 func (r *Registry) checkDisk(ctx context.Context, tenant, name string) error {

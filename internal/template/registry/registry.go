@@ -68,8 +68,8 @@ type Config struct {
 	// one session may ask for (session.CapResources). Zero fields: no cap
 	// but the built-in ones of MaxPIDs and MaxTmpMB.
 	MaxResources api.Resources
-	// MaxBuildBytes bounds one build's root filesystem (default
-	// DefaultMaxBuildBytes), MaxTenantBytes a tenant's builds together
+	// MaxBuildBytes bounds one build's root filesystem (default: the
+	// store's, Templates.BuildLimit, which a build cannot pass as it runs), MaxTenantBytes a tenant's builds together
 	// (default DefaultMaxTenantBytes); see disk.go.
 	MaxBuildBytes, MaxTenantBytes int64
 	// LogDir keeps the logs of the builds this process ran.
@@ -132,7 +132,7 @@ func New(cfg Config) *Registry {
 		cfg.MaxTemplates = 50
 	}
 	if cfg.MaxBuildBytes <= 0 {
-		cfg.MaxBuildBytes = DefaultMaxBuildBytes
+		cfg.MaxBuildBytes = cfg.Templates.BuildLimit()
 	}
 	if cfg.MaxTenantBytes <= 0 {
 		cfg.MaxTenantBytes = DefaultMaxTenantBytes
