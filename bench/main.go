@@ -31,7 +31,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -269,7 +271,7 @@ func ensure(ctx context.Context, store *template.Store, name string) *template.T
 
 type sandbox struct {
 	id     string
-	client *executor.Client
+	client *execclient.Client
 	rt     runtime.Runtime
 }
 
@@ -283,23 +285,23 @@ func newSandbox(ctx context.Context, rt runtime.Runtime, id string, tmpl *templa
 		Preload: tmpl.Spec.Preload, Env: tmpl.Spec.Env, Resources: tmpl.Spec.Resources}); err != nil {
 		log.Fatal(err)
 	}
-	return &sandbox{id: id, rt: rt, client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
+	return &sandbox{id: id, rt: rt, client: execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
 }
 
 func (s *sandbox) run(ctx context.Context, lang, code string) {
-	s.do(ctx, executor.RunRequest{Language: lang, Code: code})
+	s.do(ctx, wire.RunRequest{Language: lang, Code: code})
 }
 
 func (s *sandbox) runIn(ctx context.Context, contextID, code string) {
-	s.do(ctx, executor.RunRequest{Language: "python", Code: code, ContextID: contextID})
+	s.do(ctx, wire.RunRequest{Language: "python", Code: code, ContextID: contextID})
 }
 
-func (s *sandbox) do(ctx context.Context, req executor.RunRequest) {
+func (s *sandbox) do(ctx context.Context, req wire.RunRequest) {
 	res, err := s.client.Run(ctx, req, nil)
 	if err != nil {
 		log.Fatalf("%s: %v", s.id, err)
 	}
-	if res.Status != executor.StatusCompleted {
+	if res.Status != wire.StatusCompleted {
 		log.Fatalf("%s: %s: %+v %s", s.id, res.Status, res.Error, res.Stderr)
 	}
 }

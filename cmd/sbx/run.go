@@ -18,7 +18,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -67,7 +69,7 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "sbx run:", err)
 		return 2
 	}
-	req := executor.RunRequest{ID: newID("exec"), Language: *lang, Code: src}
+	req := wire.RunRequest{ID: newID("exec"), Language: *lang, Code: src}
 	if *event != "" {
 		if !json.Valid([]byte(*event)) {
 			fmt.Fprintln(stderr, "sbx run: --event is not valid JSON")
@@ -142,7 +144,7 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	enc.Encode(result)
-	if result.Status != executor.StatusCompleted {
+	if result.Status != wire.StatusCompleted {
 		return 1
 	}
 	return 0
@@ -150,7 +152,7 @@ func runCode(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // runOnce builds (or finds) the template, runs one sandbox for req and
 // destroys it again, whatever happens.
-func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, workdir string, req executor.RunRequest, stream bool, stderr io.Writer) (*executor.Result, error) {
+func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, workdir string, req wire.RunRequest, stream bool, stderr io.Writer) (*wire.Result, error) {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	store := template.NewStore(filepath.Join(dataDir(), "templates"))
 	store.Jobs = oci.NewJobRunner(oci.Config{StateDir: stateDir(), Log: log})
@@ -195,7 +197,7 @@ func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, wor
 	}); err != nil {
 		return nil, err
 	}
-	client := executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+	client := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
 	defer client.Close()
 	var onOutput func(stream, data string)
 	if stream {
@@ -211,7 +213,7 @@ func readCode(code, file string) (string, error) {
 	case code != "":
 		return code, nil
 	case file == "-":
-		b, err := io.ReadAll(io.LimitReader(os.Stdin, executor.MaxCodeBytes+1))
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, wire.MaxCodeBytes+1))
 		return string(b), err
 	case file != "":
 		b, err := os.ReadFile(file)

@@ -17,7 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/session"
 )
 
@@ -195,13 +195,13 @@ func TestEndEvent(t *testing.T) {
 	}{
 		{"ok", api.Execution{Status: api.ExecCompleted, ExitCode: code(0)},
 			`{"exitCode":0,"exited":true,"status":"exit status 0"}`, ""},
-		{"exit 3", api.Execution{Status: api.ExecFailed, ExitCode: code(3), Error: &api.ExecError{Type: executor.ErrTypeNonZeroExit}},
+		{"exit 3", api.Execution{Status: api.ExecFailed, ExitCode: code(3), Error: &api.ExecError{Type: wire.ErrTypeNonZeroExit}},
 			`{"exitCode":3,"exited":true,"status":"exit status 3"}`, ""},
 		{"killed", api.Execution{Status: api.ExecCancelled, ExitCode: code(137)},
 			`{"exitCode":-1,"exited":false,"status":"signal: killed"}`, ""},
 		{"timeout", api.Execution{Status: api.ExecTimeout, ExitCode: code(137)},
 			`{"error":"command timed out","exitCode":-1,"exited":false,"status":"signal: killed"}`, "deadline_exceeded"},
-		{"oom", api.Execution{Status: api.ExecFailed, ExitCode: code(137), Error: &api.ExecError{Type: executor.ErrTypeOutOfMemory, Message: "limit 512 MiB"}},
+		{"oom", api.Execution{Status: api.ExecFailed, ExitCode: code(137), Error: &api.ExecError{Type: wire.ErrTypeOutOfMemory, Message: "limit 512 MiB"}},
 			`{"error":"OutOfMemory: limit 512 MiB","exitCode":137,"exited":true,"status":"exit status 137"}`, ""},
 		{"no sandbox", api.Execution{Status: api.ExecFailed, Error: &api.ExecError{Type: execution.ErrTypeUnavailable, Message: "no runtime"}},
 			`null`, "unavailable"},

@@ -18,7 +18,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // The code interpreter (E2B's port 49999): POST /execute runs a cell in a
@@ -331,8 +331,8 @@ func (h *Handler) execute(w http.ResponseWriter, r *http.Request) {
 	defer release()
 	code := driver + "\ntry:\n    return _sbx_e2b_cell(" + pyBase64(req.Code) + ", " + pyBase64(c.Cwd) + ")\nfinally:\n    del _sbx_e2b_cell\n"
 	run, err := h.opt.Executions.Submit(r.Context(), tenant, id, api.ExecuteRequest{
-		Code: code, Language: executor.LanguagePython, ContextID: sbxContext(cid), EnvVars: req.EnvVars,
-		Timeout: float64(executor.MaxTimeoutMs / 1000),
+		Code: code, Language: wire.LanguagePython, ContextID: sbxContext(cid), EnvVars: req.EnvVars,
+		Timeout: float64(wire.MaxTimeoutMs / 1000),
 	})
 	if err != nil {
 		h.writeErr(w, r, err)

@@ -15,7 +15,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // Commands. envd's process.Process/Start runs a command and streams its
@@ -232,7 +232,7 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 	}
 	// A deadline on the call bounds the command, as envd's does; without
 	// one it may run as long as the executor allows.
-	timeout := float64(executor.MaxTimeoutMs / 1000)
+	timeout := float64(wire.MaxTimeoutMs / 1000)
 	if d := connectTimeout(r); d > 0 {
 		timeout = min(timeout, d.Seconds())
 	}
@@ -247,7 +247,7 @@ func (h *Handler) start(w http.ResponseWriter, r *http.Request) {
 	}
 	defer release()
 	run, err := h.opt.Executions.Submit(r.Context(), tenant, id, api.ExecuteRequest{
-		Code: code, Language: executor.LanguageBash, Timeout: timeout, EnvVars: env,
+		Code: code, Language: wire.LanguageBash, Timeout: timeout, EnvVars: env,
 	})
 	if err != nil {
 		h.unaryError(w, r, err)
@@ -326,7 +326,7 @@ func endEvent(x *api.Execution) (map[string]any, error) {
 		end = map[string]any{"exitCode": -1, "exited": false, "status": "signal: killed", "error": "command timed out"}
 		return end, &rpcError{Code: "deadline_exceeded", Message: "the command ran past its timeout and was killed"}
 	case api.ExecFailed:
-		if x.Error != nil && x.Error.Type != executor.ErrTypeNonZeroExit {
+		if x.Error != nil && x.Error.Type != wire.ErrTypeNonZeroExit {
 			end["error"] = x.Error.Type + ": " + x.Error.Message
 		}
 	}

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"time"
 
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -29,7 +31,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/events"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -132,7 +134,7 @@ func (s *Service) watchCancels() {
 			ctx, cancel := context.WithTimeout(s.ctx, cancelWatch)
 			holder, asked, err := s.opt.Store.LeaseHolder(ctx, cancelLease(r.rec.ID))
 			if err == nil && asked {
-				s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request (through replica " + holder + ")"})
+				s.cancelRun(ctx, r, &api.ExecError{Type: wire.ErrTypeCancelled, Message: "cancelled by request (through replica " + holder + ")"})
 			}
 			cancel()
 			s.flush(r, false)
@@ -143,7 +145,7 @@ func (s *Service) watchCancels() {
 // Close cancels the executions in flight and waits for them to be
 // recorded.
 func (s *Service) Close() {
-	s.stop(&execError{Type: executor.ErrTypeCancelled, Message: "the server shut down while this execution ran"})
+	s.stop(&execError{Type: wire.ErrTypeCancelled, Message: "the server shut down while this execution ran"})
 	s.wg.Wait()
 }
 
@@ -204,7 +206,7 @@ func (s *Service) Recover(ctx context.Context) error {
 // Run is an execution in flight.
 type Run struct {
 	rec     store.Execution
-	req     executor.RunRequest
+	req     wire.RunRequest
 	started time.Time
 	cancel  context.CancelCauseFunc
 	done    chan struct{}
@@ -329,12 +331,12 @@ func Check(req api.ExecuteRequest) error {
 
 // toRunRequest checks every field of an execute request and makes
 // the executor's request of it.
-func toRunRequest(req api.ExecuteRequest) (*executor.RunRequest, error) {
+func toRunRequest(req api.ExecuteRequest) (*wire.RunRequest, error) {
 	if req.Language == "" {
-		req.Language = executor.LanguagePython
+		req.Language = wire.LanguagePython
 	}
-	if math.IsNaN(req.Timeout) || req.Timeout < 0 || req.Timeout > executor.MaxTimeoutMs/1000 {
-		return nil, fmt.Errorf("timeout %v: want 0.001..%d seconds (0 for the default, 30): %w", req.Timeout, executor.MaxTimeoutMs/1000, errdefs.ErrInvalidArgument)
+	if math.IsNaN(req.Timeout) || req.Timeout < 0 || req.Timeout > wire.MaxTimeoutMs/1000 {
+		return nil, fmt.Errorf("timeout %v: want 0.001..%d seconds (0 for the default, 30): %w", req.Timeout, wire.MaxTimeoutMs/1000, errdefs.ErrInvalidArgument)
 	}
 	if req.ConversationID != "" && !session.ValidID(req.ConversationID) {
 		return nil, fmt.Errorf("conversation_id %q: want 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\": %w", req.ConversationID, errdefs.ErrInvalidArgument)
@@ -345,7 +347,7 @@ func toRunRequest(req api.ExecuteRequest) (*executor.RunRequest, error) {
 	if req.Code == "" {
 		return nil, fmt.Errorf("code is empty: %w", errdefs.ErrInvalidArgument)
 	}
-	r := &executor.RunRequest{
+	r := &wire.RunRequest{
 		Language: req.Language, Code: req.Code, Event: req.Event, Env: req.EnvVars,
 		TimeoutMs: int64(math.Ceil(req.Timeout * 1000)), ContextID: req.ContextID,
 		ConversationID: req.ConversationID,
@@ -423,7 +425,7 @@ func (s *Service) run(ctx context.Context, r *Run) {
 // notSent reports whether a run's error means the executor never took
 // the run: no connection, or one that broke before any answer (a sandbox
 // killed while the request was on its way).
-func notSent(err error) bool { return errors.Is(err, executor.ErrNoAnswer) }
+func notSent(err error) bool { return errors.Is(err, execclient.ErrNoAnswer) }
 
 // failure describes why an execution ended without a result: cancelled
 // (by a user or a session's deletion) or the sandbox was not there.
@@ -434,7 +436,7 @@ func (s *Service) failure(ctx context.Context, err error, kind string) *api.Exec
 			e := api.ExecError(*ee)
 			return &e
 		}
-		return &api.ExecError{Type: executor.ErrTypeCancelled, Message: cause.Error()}
+		return &api.ExecError{Type: wire.ErrTypeCancelled, Message: cause.Error()}
 	}
 	return &api.ExecError{Type: kind, Message: err.Error()}
 }
@@ -445,7 +447,7 @@ type execError api.ExecError
 func (e *execError) Error() string { return e.Message }
 
 // finish records the end of r and lets it go.
-func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
+func (s *Service) finish(r *Run, res *wire.Result, fail *api.ExecError) {
 	r.mu.Lock()
 	x := summary(&r.rec)
 	if !r.started.IsZero() {
@@ -473,7 +475,7 @@ func (s *Service) finish(r *Run, res *executor.Result, fail *api.ExecError) {
 		x.DurationMs = res.DurationMs
 	} else {
 		x.Status = api.ExecFailed
-		if fail.Type == executor.ErrTypeCancelled || fail.Type == ErrTypeSessionDeleted {
+		if fail.Type == wire.ErrTypeCancelled || fail.Type == ErrTypeSessionDeleted {
 			x.Status = api.ExecCancelled
 		}
 		x.Error = fail
@@ -722,7 +724,7 @@ func (s *Service) Cancel(ctx context.Context, tenant, id string) (*api.Execution
 		defer cancel()
 		return s.Wait(wctx, tenant, id)
 	}
-	s.cancelRun(ctx, r, &api.ExecError{Type: executor.ErrTypeCancelled, Message: "cancelled by request"})
+	s.cancelRun(ctx, r, &api.ExecError{Type: wire.ErrTypeCancelled, Message: "cancelled by request"})
 	t := time.NewTimer(10 * time.Second)
 	defer t.Stop()
 	select {

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"sort"
 	"syscall"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // maxWalkEntries bounds one walk of the workspace. A run's latency must not
@@ -86,8 +88,8 @@ func artifacts(before, after workspaceSnapshot) (paths []string, truncated bool)
 		}
 	}
 	sort.Strings(paths)
-	if len(paths) > MaxArtifacts {
-		return paths[:MaxArtifacts], true
+	if len(paths) > wire.MaxArtifacts {
+		return paths[:wire.MaxArtifacts], true
 	}
 	return paths, false
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 func TestSnapshotDiff(t *testing.T) {
@@ -48,11 +50,11 @@ func TestSnapshotBounded(t *testing.T) {
 func TestArtifactsCapped(t *testing.T) {
 	before := workspaceSnapshot{files: map[string]fileKey{}}
 	after := workspaceSnapshot{files: map[string]fileKey{}}
-	for i := range MaxArtifacts + 5 {
+	for i := range wire.MaxArtifacts + 5 {
 		after.files[strings.Repeat("f", 1+i%50)+string(rune('A'+i/50))] = fileKey{size: 1}
 	}
 	got, trunc := artifacts(before, after)
-	if len(got) != MaxArtifacts || !trunc {
+	if len(got) != wire.MaxArtifacts || !trunc {
 		t.Errorf("%d artifacts, truncated %v", len(got), trunc)
 	}
 }

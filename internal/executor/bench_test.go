@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // BenchmarkRunPython is the round trip of print(1) through the client:
@@ -50,7 +52,7 @@ func BenchmarkRunBash(b *testing.B) {
 	benchRun(b, sh("echo 1"), 0)
 }
 
-func benchRun(b *testing.B, req RunRequest, pause time.Duration) {
+func benchRun(b *testing.B, req wire.RunRequest, pause time.Duration) {
 	env := sharedEnv(b)
 	ctx := context.Background()
 	env.run(b, req) // warm the connection
@@ -65,7 +67,7 @@ func benchRun(b *testing.B, req RunRequest, pause time.Duration) {
 		start := time.Now()
 		res, err := env.client.Run(ctx, req, nil)
 		times = append(times, time.Since(start))
-		if err != nil || res.Status != StatusCompleted || res.Stdout != "1\n" {
+		if err != nil || res.Status != wire.StatusCompleted || res.Stdout != "1\n" {
 			b.Fatalf("%v %+v", err, res)
 		}
 	}

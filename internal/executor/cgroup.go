@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,8 +83,8 @@ func isDir(p string) bool {
 }
 
 // read returns the counters; anything missing is 0.
-func (r *cgroupReader) read() Stats {
-	s := Stats{CgroupVersion: r.version}
+func (r *cgroupReader) read() wire.Stats {
+	s := wire.Stats{CgroupVersion: r.version}
 	if r.version == 2 {
 		s.MemoryUsageBytes = r.uint("memory", "memory.current")
 		s.MemoryPeakBytes = r.uint("memory", "memory.peak")

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 func writeFiles(t *testing.T, root string, files map[string]string) {
@@ -35,7 +37,7 @@ func TestCgroupV1(t *testing.T) {
 	})
 	self := []byte("12:pids:/sbx/s1\n4:memory:/sbx/s1\n2:cpu,cpuacct:/sbx/s1\n0::/\n")
 	st := newCgroupReader(root, self).read()
-	want := Stats{CgroupVersion: 1, MemoryUsageBytes: 1000, MemoryPeakBytes: 2000, MemoryLimitBytes: 268435456,
+	want := wire.Stats{CgroupVersion: 1, MemoryUsageBytes: 1000, MemoryPeakBytes: 2000, MemoryLimitBytes: 268435456,
 		CPUUsageNs: 123456789, PidsCurrent: 7, PidsLimit: 0, OOMKillCount: 3}
 	if st != want {
 		t.Errorf("stats %+v\nwant  %+v", st, want)
@@ -67,7 +69,7 @@ func TestCgroupV2(t *testing.T) {
 		"pids.max":           "64\n",
 	})
 	st := newCgroupReader(root, []byte("0::/\n")).read()
-	want := Stats{CgroupVersion: 2, MemoryUsageBytes: 4096, MemoryPeakBytes: 8192, CPUUsageNs: 1_500_000,
+	want := wire.Stats{CgroupVersion: 2, MemoryUsageBytes: 4096, MemoryPeakBytes: 8192, CPUUsageNs: 1_500_000,
 		PidsCurrent: 3, PidsLimit: 64, OOMKillCount: 1}
 	if st != want {
 		t.Errorf("stats %+v\nwant  %+v", st, want)

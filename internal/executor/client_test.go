@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 func TestClient(t *testing.T) {
@@ -29,11 +31,11 @@ func TestClient(t *testing.T) {
 	if err != nil || !h.OK || !h.Ready || h.Version != Version || h.PreloadError != "" {
 		t.Errorf("health %+v %v", h, err)
 	}
-	if _, err := c.Run(ctx, RunRequest{Language: "cobol", Code: "x"}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := c.Run(ctx, wire.RunRequest{Language: "cobol", Code: "x"}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("bad language: %v", err)
 	}
-	var apiErr *APIError
-	if _, err := c.Run(ctx, RunRequest{Language: "python", TimeoutMs: -5}, nil); !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest {
+	var apiErr *client.APIError
+	if _, err := c.Run(ctx, wire.RunRequest{Language: "python", TimeoutMs: -5}, nil); !errors.As(err, &apiErr) || apiErr.Status != http.StatusBadRequest {
 		t.Errorf("bad timeout: %v", err)
 	}
 	if ok, err := c.Cancel(ctx, "never-ran"); ok || err != nil {
@@ -110,7 +112,7 @@ func TestWire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var eb errorBody
+	var eb wire.ErrorBody
 	json.NewDecoder(resp.Body).Decode(&eb)
 	resp.Body.Close()
 	if resp.StatusCode != 400 || eb.Error.Code != "invalid_argument" || !strings.Contains(eb.Error.Message, "bogus") {
@@ -165,7 +167,7 @@ func TestOutOfMemory(t *testing.T) {
 			t.Errorf("executor ignored SIGTERM")
 		}
 	}()
-	c := NewClient(func(ctx context.Context) (net.Conn, error) {
+	c := client.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", cfg.SocketPath)
 	})
@@ -175,7 +177,7 @@ func TestOutOfMemory(t *testing.T) {
 	if err := c.WaitReady(ctx); err != nil {
 		t.Fatalf("%v\n%s", err, logs.String())
 	}
-	for _, req := range []RunRequest{
+	for _, req := range []wire.RunRequest{
 		py("b = bytearray(1 << 30)\nreturn len(b)"),
 		sh(`python3 -c 'b = bytearray(1 << 30)'`),
 	} {
@@ -183,7 +185,7 @@ func TestOutOfMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Status != StatusFailed || res.Error == nil || res.Error.Type != ErrTypeOutOfMemory || !strings.Contains(res.Error.Message, "256 MiB") {
+		if res.Status != wire.StatusFailed || res.Error == nil || res.Error.Type != wire.ErrTypeOutOfMemory || !strings.Contains(res.Error.Message, "256 MiB") {
 			t.Errorf("%s: status %s exit %d error %+v", req.Language, res.Status, res.ExitCode, res.Error)
 		}
 	}

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // idlePids lists the pre-forked workers the executor holds.
@@ -42,7 +45,7 @@ func TestPythonLeftoverProcessesDie(t *testing.T) {
 	} {
 		m := marker(t)
 		res := env.run(t, py(fmt.Sprintf(code, m)))
-		if res.Status != StatusCompleted || string(res.ReturnValue) != `"ok"` {
+		if res.Status != wire.StatusCompleted || string(res.ReturnValue) != `"ok"` {
 			t.Fatalf("%s %s %+v", res.Status, res.ReturnValue, res.Error)
 		}
 		if left := processesWith(m); len(left) > 0 {
@@ -59,14 +62,14 @@ func TestEndAfterResult(t *testing.T) {
 	env := sharedEnv(t)
 	for _, tc := range []struct {
 		name, code string
-		status     Status
+		status     wire.Status
 		errType    string
 		exit       int
 	}{
-		{name: "clean", code: "print('x')\nreturn 1", status: StatusCompleted, exit: 0},
-		{name: "exit code", code: "import sys\nsys.exit(3)", status: StatusFailed, errType: "SystemExit", exit: 3},
-		{name: "os._exit in atexit", code: "import atexit, os\natexit.register(os._exit, 3)\nreturn 1", status: StatusCompleted, exit: 0},
-		{name: "crash in atexit", code: "import atexit, ctypes\natexit.register(ctypes.string_at, 0)\nreturn 1", status: StatusFailed, errType: ErrTypeSignal, exit: 128 + 11},
+		{name: "clean", code: "print('x')\nreturn 1", status: wire.StatusCompleted, exit: 0},
+		{name: "exit code", code: "import sys\nsys.exit(3)", status: wire.StatusFailed, errType: "SystemExit", exit: 3},
+		{name: "os._exit in atexit", code: "import atexit, os\natexit.register(os._exit, 3)\nreturn 1", status: wire.StatusCompleted, exit: 0},
+		{name: "crash in atexit", code: "import atexit, ctypes\natexit.register(ctypes.string_at, 0)\nreturn 1", status: wire.StatusFailed, errType: wire.ErrTypeSignal, exit: 128 + 11},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := env.run(t, py(tc.code))
@@ -92,7 +95,7 @@ func TestPreforkedWorkers(t *testing.T) {
 	for i := range 3 {
 		before := env.idlePids()
 		res := env.run(t, py("import os\nreturn os.getpid()"))
-		if res.Status != StatusCompleted || string(res.ReturnValue) != "1" {
+		if res.Status != wire.StatusCompleted || string(res.ReturnValue) != "1" {
 			t.Fatalf("run %d: %s %s %+v", i, res.Status, res.ReturnValue, res.Error)
 		}
 		waitFor(t, "the pool to refill", func() bool {
@@ -118,16 +121,16 @@ func TestPreforkedWorkers(t *testing.T) {
 		p := env.idlePids()
 		return len(p) == 0 || p[0] != dead
 	})
-	if res := env.run(t, py("return 2")); res.Status != StatusCompleted || string(res.ReturnValue) != "2" {
+	if res := env.run(t, py("return 2")); res.Status != wire.StatusCompleted || string(res.ReturnValue) != "2" {
 		t.Fatalf("after an idle worker died: %s %s %+v", res.Status, res.ReturnValue, res.Error)
 	}
 
 	// A long run: its worker's successor is forked while it runs.
 	waitFor(t, "a pre-forked worker", func() bool { return len(env.idlePids()) == 1 })
 	taken := env.idlePids()[0]
-	done := make(chan *Result, 1)
+	done := make(chan *wire.Result, 1)
 	go func() {
-		res, _ := env.client.Run(context.Background(), RunRequest{ID: "long", Language: LanguagePython, Code: "import time\ntime.sleep(60)"}, nil)
+		res, _ := env.client.Run(context.Background(), wire.RunRequest{ID: "long", Language: wire.LanguagePython, Code: "import time\ntime.sleep(60)"}, nil)
 		done <- res
 	}()
 	waitFor(t, "a successor during the long run", func() bool {
@@ -142,7 +145,7 @@ func TestPreforkedWorkers(t *testing.T) {
 	if ok, err := env.client.Cancel(context.Background(), "long"); err != nil || !ok {
 		t.Fatalf("cancel: %v %v", ok, err)
 	}
-	if res := <-done; res == nil || res.Status != StatusCancelled {
+	if res := <-done; res == nil || res.Status != wire.StatusCancelled {
 		t.Fatalf("long run: %+v", res)
 	}
 }
@@ -180,7 +183,7 @@ func TestRunBeforeReady(t *testing.T) {
 		os.RemoveAll(cfg.Workspace)
 		os.RemoveAll(filepath.Dir(cfg.SocketPath))
 	}()
-	client := NewClient(func(ctx context.Context) (net.Conn, error) {
+	client := client.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", cfg.SocketPath)
 	})
@@ -202,7 +205,7 @@ func TestRunBeforeReady(t *testing.T) {
 	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
 	defer rcancel()
 	res, err := client.Run(rctx, py("return 7"), nil)
-	if err != nil || res.Status != StatusCompleted || string(res.ReturnValue) != "7" {
+	if err != nil || res.Status != wire.StatusCompleted || string(res.ReturnValue) != "7" {
 		t.Fatalf("%v %+v", err, res)
 	}
 	if res.Error != nil && strings.Contains(res.Error.Message, "zygote") {

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 func marker(t testing.TB) string {
@@ -34,12 +36,12 @@ func TestTimeoutKillsTree(t *testing.T) {
 	env := sharedEnv(t)
 	tests := []struct {
 		name string
-		req  func(m string) RunRequest
+		req  func(m string) wire.RunRequest
 	}{
-		{"bash setsid nohup daemon", func(m string) RunRequest {
+		{"bash setsid nohup daemon", func(m string) wire.RunRequest {
 			return sh(fmt.Sprintf("setsid nohup sleep 1000 %s >/dev/null 2>&1 &\nexec -a %s-fg sleep 1000", m, m))
 		}},
-		{"python double fork", func(m string) RunRequest {
+		{"python double fork", func(m string) wire.RunRequest {
 			return py(fmt.Sprintf(`import os, subprocess, sys, time
 if os.fork() == 0:
     os.setsid()
@@ -57,7 +59,7 @@ time.sleep(1000)`, m))
 			req := tc.req(m)
 			req.TimeoutMs = 1500
 			res := env.run(t, req)
-			if res.Status != StatusTimeout || res.Error == nil || res.Error.Type != ErrTypeTimeout {
+			if res.Status != wire.StatusTimeout || res.Error == nil || res.Error.Type != wire.ErrTypeTimeout {
 				t.Fatalf("status %s error %+v, want timeout", res.Status, res.Error)
 			}
 			if res.ExitCode != 128+9 {
@@ -76,7 +78,7 @@ func TestLeftoverProcessesDie(t *testing.T) {
 	env := sharedEnv(t)
 	m := marker(t)
 	res := env.run(t, sh(fmt.Sprintf("setsid nohup sleep 1000 %s >/dev/null 2>&1 &\necho ok", m)))
-	if res.Status != StatusCompleted || res.Stdout != "ok\n" {
+	if res.Status != wire.StatusCompleted || res.Stdout != "ok\n" {
 		t.Fatalf("%s %q %+v", res.Status, res.Stdout, res.Error)
 	}
 	if left := processesWith(m); len(left) > 0 {
@@ -90,7 +92,7 @@ func TestCancel(t *testing.T) {
 		m := marker(t)
 		req := sh(fmt.Sprintf("echo started; exec -a %s sleep 1000", m))
 		req.ID = "cancel-" + m
-		got := make(chan *Result, 1)
+		got := make(chan *wire.Result, 1)
 		started := make(chan struct{})
 		var once sync.Once
 		go func() {
@@ -106,7 +108,7 @@ func TestCancel(t *testing.T) {
 			t.Fatalf("cancel: %v %v", ok, err)
 		}
 		res := <-got
-		if res == nil || res.Status != StatusCancelled || res.Error == nil || res.Error.Type != ErrTypeCancelled {
+		if res == nil || res.Status != wire.StatusCancelled || res.Error == nil || res.Error.Type != wire.ErrTypeCancelled {
 			t.Fatalf("result %+v", res)
 		}
 		if left := processesWith(m); len(left) > 0 {
@@ -151,7 +153,7 @@ func TestOutputCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtime.ReadMemStats(&after)
-	if res.Status != StatusCompleted || !res.StdoutTruncated || res.StderrTruncated {
+	if res.Status != wire.StatusCompleted || !res.StdoutTruncated || res.StderrTruncated {
 		t.Fatalf("status %s truncated %v/%v error %+v", res.Status, res.StdoutTruncated, res.StderrTruncated, res.Error)
 	}
 	wantMarker := fmt.Sprintf("[sbx: output truncated, %d bytes omitted]\n", 100_000_000-(1<<20))
@@ -188,7 +190,7 @@ func TestStreaming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Status != StatusCompleted || string(res.ReturnValue) != `"done"` {
+	if res.Status != wire.StatusCompleted || string(res.ReturnValue) != `"done"` {
 		t.Fatalf("%s %s %+v", res.Status, res.ReturnValue, res.Error)
 	}
 	// Two pipes have no order between them: only each stream's own order
@@ -250,7 +252,7 @@ os.replace('replaced.tmp', 'replaced.txt')
 os.symlink('new.csv', 'link.csv')
 os.mkdir('emptydir')`, dir)
 	res := env.run(t, py(code))
-	if res.Status != StatusCompleted {
+	if res.Status != wire.StatusCompleted {
 		t.Fatalf("%s %+v", res.Status, res.Error)
 	}
 	var want []string
@@ -279,12 +281,12 @@ func chownSandboxUser(dir string) error {
 func TestContexts(t *testing.T) {
 	env := sharedEnv(t)
 	id := "ctx-" + marker(t)
-	run := func(code string, timeout int64) *Result {
+	run := func(code string, timeout int64) *wire.Result {
 		req := py(code)
 		req.ContextID, req.TimeoutMs = id, timeout
 		return env.run(t, req)
 	}
-	if res := run("counter = 41\nimport os\nreturn os.getpid()", 0); res.Status != StatusCompleted || string(res.ReturnValue) != "1" {
+	if res := run("counter = 41\nimport os\nreturn os.getpid()", 0); res.Status != wire.StatusCompleted || string(res.ReturnValue) != "1" {
 		t.Fatalf("first run: %s %s %+v", res.Status, res.ReturnValue, res.Error)
 	}
 	if res := run("counter += 1\nreturn counter", 0); string(res.ReturnValue) != "42" {
@@ -299,10 +301,10 @@ func TestContexts(t *testing.T) {
 		t.Errorf("second run: %q %s", res.Stdout, res.ReturnValue)
 	}
 	// Exceptions and sys.exit do not end the context.
-	if res := run("raise KeyError('k')", 0); res.Status != StatusFailed || res.Error.Type != "KeyError" {
+	if res := run("raise KeyError('k')", 0); res.Status != wire.StatusFailed || res.Error.Type != "KeyError" {
 		t.Errorf("exception: %s %+v", res.Status, res.Error)
 	}
-	if res := run("import sys\nsys.exit(2)", 0); res.Status != StatusFailed || res.ExitCode != 2 {
+	if res := run("import sys\nsys.exit(2)", 0); res.Status != wire.StatusFailed || res.ExitCode != 2 {
 		t.Errorf("sys.exit: %s %d", res.Status, res.ExitCode)
 	}
 	if res := run("return counter", 0); string(res.ReturnValue) != "42" {
@@ -310,15 +312,15 @@ func TestContexts(t *testing.T) {
 	}
 	// A timeout kills the context; the next run starts afresh.
 	res := run("import time\ntime.sleep(1000)", 500)
-	if res.Status != StatusTimeout || !strings.Contains(res.Error.Message, "state") {
+	if res.Status != wire.StatusTimeout || !strings.Contains(res.Error.Message, "state") {
 		t.Fatalf("timeout: %s %+v", res.Status, res.Error)
 	}
-	if res := run("return 'counter' in globals()", 0); res.Status != StatusCompleted || string(res.ReturnValue) != "false" {
+	if res := run("return 'counter' in globals()", 0); res.Status != wire.StatusCompleted || string(res.ReturnValue) != "false" {
 		t.Fatalf("after timeout: %s %s %+v", res.Status, res.ReturnValue, res.Error)
 	}
 	// Runs in one context are serialized.
 	var wg sync.WaitGroup
-	results := make([]*Result, 4)
+	results := make([]*wire.Result, 4)
 	for i := range results {
 		wg.Add(1)
 		go func() {
@@ -358,7 +360,7 @@ func TestContextLimit(t *testing.T) {
 	for i := range 2 {
 		req := py("x = 1")
 		req.ContextID = fmt.Sprint("c", i)
-		if res := env.run(t, req); res.Status != StatusCompleted {
+		if res := env.run(t, req); res.Status != wire.StatusCompleted {
 			t.Fatalf("context %d: %+v", i, res.Error)
 		}
 	}
@@ -371,14 +373,14 @@ func TestContextLimit(t *testing.T) {
 	// Deleting a context while it runs cancels the run.
 	req = py("import time\nprint('go', flush=True)\ntime.sleep(1000)")
 	req.ContextID = "c0"
-	got := make(chan *Result, 1)
+	got := make(chan *wire.Result, 1)
 	go func() {
 		res, _ := env.client.Run(context.Background(), req, func(_, _ string) {
 			env.client.DeleteContext(context.Background(), "", "c0")
 		})
 		got <- res
 	}()
-	if res := <-got; res == nil || res.Status != StatusCancelled {
+	if res := <-got; res == nil || res.Status != wire.StatusCancelled {
 		t.Errorf("run of a deleted context: %+v", res)
 	}
 }
@@ -397,7 +399,7 @@ while len(os.listdir(%[1]q)) < %[2]d:
     time.sleep(0.01)
 return [os.getpid(), os.readlink('/proc/self/ns/pid')]`, dir, n)
 	var wg sync.WaitGroup
-	results := make([]*Result, n)
+	results := make([]*wire.Result, n)
 	for i := range n {
 		wg.Add(1)
 		go func() {
@@ -409,7 +411,7 @@ return [os.getpid(), os.readlink('/proc/self/ns/pid')]`, dir, n)
 	namespaces := map[string]bool{}
 	for i, r := range results {
 		var v []any
-		if r.Status != StatusCompleted || json.Unmarshal(r.ReturnValue, &v) != nil || len(v) != 2 {
+		if r.Status != wire.StatusCompleted || json.Unmarshal(r.ReturnValue, &v) != nil || len(v) != 2 {
 			t.Fatalf("run %d: %s %s %+v", i, r.Status, r.ReturnValue, r.Error)
 		}
 		if v[0] != float64(1) {
@@ -437,7 +439,7 @@ out['unshare_mount'] = libc.unshare(0x00020000) == 0 or os.strerror(ctypes.get_e
 out['oom_score_adj'] = open('/proc/self/oom_score_adj').read().strip()
 out['groups'] = os.getgroups()
 return out`))
-	if res.Status != StatusCompleted {
+	if res.Status != wire.StatusCompleted {
 		t.Fatalf("%s %+v", res.Status, res.Error)
 	}
 	var got map[string]any
@@ -471,7 +473,7 @@ try:
 except OSError as e:
     wrote = e.strerror
 return [names, wrote]`, filepath.Dir(env.sock))))
-	if got := string(res.ReturnValue); strings.Contains(got, "executor.sock") || strings.Contains(got, "wrote") || res.Status != StatusCompleted {
+	if got := string(res.ReturnValue); strings.Contains(got, "executor.sock") || strings.Contains(got, "wrote") || res.Status != wire.StatusCompleted {
 		t.Errorf("control dir as user code sees it: %s %+v", got, res.Error)
 	}
 }
@@ -482,7 +484,7 @@ func TestZygoteCrash(t *testing.T) {
 	env := startServer(t, testConfig(t))
 	defer env.stop()
 	m := marker(t)
-	got := make(chan *Result, 1)
+	got := make(chan *wire.Result, 1)
 	var once sync.Once
 	go func() {
 		res, err := env.client.Run(context.Background(), py(fmt.Sprintf("import subprocess, time\nsubprocess.Popen(['sleep', '1000', %q])\nprint('up', flush=True)\ntime.sleep(1000)", m)), func(_, _ string) {
@@ -499,7 +501,7 @@ func TestZygoteCrash(t *testing.T) {
 		got <- res
 	}()
 	res := <-got
-	if res == nil || res.Status != StatusFailed || res.Error.Type != ErrTypeExecutor || !strings.Contains(res.Error.Message, "zygote died") {
+	if res == nil || res.Status != wire.StatusFailed || res.Error.Type != wire.ErrTypeExecutor || !strings.Contains(res.Error.Message, "zygote died") {
 		t.Fatalf("result %+v", res)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -544,12 +546,12 @@ func TestSlowClient(t *testing.T) {
 	dec := json.NewDecoder(resp.Body)
 	var streamed int
 	for {
-		var ev Event
+		var ev wire.Event
 		if err := dec.Decode(&ev); err != nil {
 			t.Fatalf("stream ended: %v", err)
 		}
 		if ev.Type == "result" {
-			if ev.Result.Status != StatusCompleted || string(ev.Result.ReturnValue) != `"finished"` || !ev.Result.StdoutTruncated {
+			if ev.Result.Status != wire.StatusCompleted || string(ev.Result.ReturnValue) != `"finished"` || !ev.Result.StdoutTruncated {
 				t.Errorf("result %s %s truncated %v", ev.Result.Status, ev.Result.ReturnValue, ev.Result.StdoutTruncated)
 			}
 			if streamed != len(ev.Result.Stdout) {
@@ -606,12 +608,12 @@ func TestZygoteStartFailureSaysWhy(t *testing.T) {
 		os.RemoveAll(cfg.Workspace)
 		os.RemoveAll(filepath.Dir(cfg.SocketPath))
 	}()
-	client := NewClient(func(ctx context.Context) (net.Conn, error) {
+	client := client.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", cfg.SocketPath)
 	})
 	defer client.Close()
-	var h *Health
+	var h *wire.Health
 	waitFor(t, "health to say why the zygote is not there", func() bool {
 		h, err = client.Health(ctx)
 		return err == nil && h.PreloadError != ""

@@ -18,6 +18,8 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
 )
@@ -87,7 +89,7 @@ func requireRoot(t testing.TB) {
 // testEnv is one executor served in-process on a socket in a temp dir.
 type testEnv struct {
 	srv    *Server
-	client *Client
+	client *client.Client
 	ws     string
 	sock   string
 	logs   *syncBuffer
@@ -162,7 +164,7 @@ func startServer(t testing.TB, cfg Config) *testEnv {
 	ctx, cancel := context.WithCancel(context.Background())
 	env := &testEnv{srv: srv, ws: cfg.Workspace, sock: cfg.SocketPath, logs: logs, cancel: cancel, errc: make(chan error, 1)}
 	go func() { env.errc <- srv.Serve(ctx) }()
-	env.client = NewClient(func(ctx context.Context) (net.Conn, error) {
+	env.client = client.NewClient(func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", cfg.SocketPath)
 	})
@@ -208,7 +210,7 @@ func stopShared() {
 }
 
 // run executes req with a generous client-side deadline.
-func (e *testEnv) run(t testing.TB, req RunRequest) *Result {
+func (e *testEnv) run(t testing.TB, req wire.RunRequest) *wire.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -219,8 +221,10 @@ func (e *testEnv) run(t testing.TB, req RunRequest) *Result {
 	return res
 }
 
-func py(code string) RunRequest { return RunRequest{Language: LanguagePython, Code: code} }
-func sh(code string) RunRequest { return RunRequest{Language: LanguageBash, Code: code} }
+func py(code string) wire.RunRequest {
+	return wire.RunRequest{Language: wire.LanguagePython, Code: code}
+}
+func sh(code string) wire.RunRequest { return wire.RunRequest{Language: wire.LanguageBash, Code: code} }
 
 func tail(s string, n int) string {
 	if len(s) > n {

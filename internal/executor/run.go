@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // Causes of an execution's cancellation.
@@ -37,13 +38,13 @@ const (
 type execution struct {
 	s      *Server
 	id     string
-	req    *RunRequest
+	req    *wire.RunRequest
 	pc     *pyContext // nil unless req.ContextID
 	out    *capture
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed once res is set
-	res    *Result
+	res    *wire.Result
 
 	// Set by begin, when the run leaves its queue and starts:
 	startedAt time.Time
@@ -61,7 +62,7 @@ func (e *execution) begin() {
 
 // startExecution registers req and starts running it. The errors are the
 // ones the client gets as an HTTP error instead of a result.
-func (s *Server) startExecution(req *RunRequest) (*execution, error) {
+func (s *Server) startExecution(req *wire.RunRequest) (*execution, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closing {
@@ -119,7 +120,7 @@ func (e *execution) supervise() {
 		e.begin()
 		o = e.runStateless()
 	}
-	res := &Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
+	res := &wire.Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
 	if e.startedAt.IsZero() { // it never left the context's queue
 		res.StartedAt = time.Now().UTC()
 	} else {
@@ -204,7 +205,7 @@ func (e *execution) startReaders(p *pipes) *readers {
 	}
 	go func() {
 		defer close(rd.resultDone)
-		b, _ := io.ReadAll(io.LimitReader(p.r[2], MaxReturnValueBytes+1<<20))
+		b, _ := io.ReadAll(io.LimitReader(p.r[2], wire.MaxReturnValueBytes+1<<20))
 		_, _ = io.Copy(io.Discard, p.r[2])
 		rd.result = b
 	}()
@@ -363,19 +364,19 @@ func (e *execution) waitOrKill(done <-chan struct{}, kill func()) (timedOut bool
 // resultMsg is what the Python child writes on the result pipe.
 type resultMsg struct {
 	ExitCode    int             `json:"exit_code"`
-	Error       *ExecError      `json:"error"`
+	Error       *wire.ExecError `json:"error"`
 	ReturnValue json.RawMessage `json:"return_value"`
 }
 
 // judge turns the outcome into the result's status, exit code and error.
-func (e *execution) judge(res *Result, o *outcome, oomBefore uint64) {
+func (e *execution) judge(res *wire.Result, o *outcome, oomBefore uint64) {
 	lostState := ""
 	if o.stateLost {
 		lostState = "; the context's state (its variables) was lost and its next run starts afresh"
 	}
 	fail := func(typ, format string, args ...any) {
-		res.Status = StatusFailed
-		res.Error = &ExecError{Type: typ, Message: fmt.Sprintf(format, args...)}
+		res.Status = wire.StatusFailed
+		res.Error = &wire.ExecError{Type: typ, Message: fmt.Sprintf(format, args...)}
 	}
 	res.ExitCode = -1 // unknown: it never started, or its exit was not seen
 	if o.exited {
@@ -388,58 +389,58 @@ func (e *execution) judge(res *Result, o *outcome, oomBefore uint64) {
 	}
 	switch {
 	case o.cause != nil && !errors.Is(o.cause, errZygoteDied):
-		res.Status = StatusCancelled
-		res.Error = &ExecError{Type: ErrTypeCancelled, Message: "execution cancelled: " + o.cause.Error() + lostState}
+		res.Status = wire.StatusCancelled
+		res.Error = &wire.ExecError{Type: wire.ErrTypeCancelled, Message: "execution cancelled: " + o.cause.Error() + lostState}
 		return
 	case o.timedOut:
-		res.Status = StatusTimeout
-		res.Error = &ExecError{Type: ErrTypeTimeout, Message: fmt.Sprintf(
+		res.Status = wire.StatusTimeout
+		res.Error = &wire.ExecError{Type: wire.ErrTypeTimeout, Message: fmt.Sprintf(
 			"execution exceeded its timeout of %s and was killed with all its processes%s", e.timeout(), lostState)}
 		return
 	case o.startErr != nil:
-		fail(ErrTypeExecutor, "the execution could not start: %v", o.startErr)
+		fail(wire.ErrTypeExecutor, "the execution could not start: %v", o.startErr)
 		return
 	case o.lost || errors.Is(o.cause, errZygoteDied):
-		fail(ErrTypeExecutor, "the Python zygote died during the execution, which was killed; it can be retried%s", lostState)
+		fail(wire.ErrTypeExecutor, "the Python zygote died during the execution, which was killed; it can be retried%s", lostState)
 		return
 	}
 	var msg resultMsg
 	haveResult := len(o.result) > 0 && json.Unmarshal(o.result, &msg) == nil
 	if len(o.result) > 0 && !haveResult {
-		fail(ErrTypeExecutor, "the execution wrote an unreadable result (%d bytes)", len(o.result))
+		fail(wire.ErrTypeExecutor, "the execution wrote an unreadable result (%d bytes)", len(o.result))
 		return
 	}
 	oom := e.s.cg.oomKills() > oomBefore
 	killedBy9 := o.exited && o.ws.Signaled() && o.ws.Signal() == unix.SIGKILL || res.ExitCode == 128+9
 	switch {
 	case oom && (killedBy9 || o.contextDied):
-		fail(ErrTypeOutOfMemory, "the sandbox ran out of memory (%s) and the kernel killed the execution%s",
+		fail(wire.ErrTypeOutOfMemory, "the sandbox ran out of memory (%s) and the kernel killed the execution%s",
 			e.memoryLimitText(), lostState)
 	case o.contextDied:
 		how := "it ended"
 		if o.exited {
 			how = describeExit(o.ws)
 		}
-		fail(ErrTypeExecutor, "the context process died during the run (%s)%s", how, lostState)
+		fail(wire.ErrTypeExecutor, "the context process died during the run (%s)%s", how, lostState)
 	case o.exited && o.ws.Signaled():
-		fail(ErrTypeSignal, "the execution was %s", describeExit(o.ws))
+		fail(wire.ErrTypeSignal, "the execution was %s", describeExit(o.ws))
 	case haveResult:
 		res.ExitCode = msg.ExitCode
 		res.ReturnValue = msg.ReturnValue
 		if msg.Error != nil {
-			res.Status, res.Error = StatusFailed, msg.Error
+			res.Status, res.Error = wire.StatusFailed, msg.Error
 		} else {
-			res.Status = StatusCompleted
+			res.Status = wire.StatusCompleted
 		}
 	case !o.exited:
 		// A context run whose code closed or replaced the result pipe.
-		fail(ErrTypeExecutor, "the run ended without reporting a result")
+		fail(wire.ErrTypeExecutor, "the run ended without reporting a result")
 	case res.ExitCode == 0:
-		res.Status = StatusCompleted
-	case e.req.Language == LanguageBash:
-		fail(ErrTypeNonZeroExit, "bash exited with code %d", res.ExitCode)
+		res.Status = wire.StatusCompleted
+	case e.req.Language == wire.LanguageBash:
+		fail(wire.ErrTypeNonZeroExit, "bash exited with code %d", res.ExitCode)
 	default:
-		fail(ErrTypeNonZeroExit, "python exited with code %d without reporting a result", res.ExitCode)
+		fail(wire.ErrTypeNonZeroExit, "python exited with code %d without reporting a result", res.ExitCode)
 	}
 }
 
@@ -453,8 +454,8 @@ func (e *execution) memoryLimitText() string {
 // handleRun streams an execution's output as NDJSON and ends with its
 // result. The execution is killed if the client goes away first.
 func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
-	body := http.MaxBytesReader(w, r.Body, MaxRequestBytes)
-	req, err := DecodeRunRequest(body, s.cfg.Workspace)
+	body := http.MaxBytesReader(w, r.Body, wire.MaxRequestBytes)
+	req, err := wire.DecodeRunRequest(body, s.cfg.Workspace)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -474,7 +475,7 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 	_ = rc.Flush()
 	send := func(chunks []chunk) error {
 		for _, c := range chunks {
-			if err := writeEvent(w, Event{Type: streamNames[c.stream], Data: c.data}); err != nil {
+			if err := writeEvent(w, wire.Event{Type: streamNames[c.stream], Data: c.data}); err != nil {
 				return err
 			}
 		}
@@ -492,7 +493,7 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		case <-e.done:
-			if send(e.out.take(true)) == nil && writeEvent(w, Event{Type: "result", Result: e.res}) == nil {
+			if send(e.out.take(true)) == nil && writeEvent(w, wire.Event{Type: "result", Result: e.res}) == nil {
 				_ = rc.Flush()
 			}
 			return
@@ -506,7 +507,7 @@ func (s *Server) handleRun(w http.ResponseWriter, r *http.Request) {
 
 // writeEvent writes one NDJSON line. HTML escaping is off: return values
 // and output reach the client byte for byte ("<" stays "<").
-func writeEvent(w io.Writer, ev Event) error {
+func writeEvent(w io.Writer, ev wire.Event) error {
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)
 	return enc.Encode(ev) // one Write, ending in a newline

@@ -1,3 +1,12 @@
+// Package executor is the daemon that runs inside every sandbox as PID 1.
+//
+// It serves HTTP/1.1 over a unix socket (PROTOCOL.md is the contract; the
+// wire format is package wire, the control plane's client package client).
+// Code runs in children of a Python "zygote" that has already imported the
+// template's heavy modules: each execution is a fork of it, PID 1 of a
+// fresh PID namespace, with every privilege dropped and the inner seccomp
+// filter installed, so that killing that one process kills everything the
+// execution started.
 package executor
 
 import (
@@ -19,7 +28,12 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
+
+// Version is the executor's version, reported by /health. Release builds
+// set it with -ldflags "-X github.com/sbx-sandbox/sbx/internal/executor.Version=...".
+var Version = "dev"
 
 // Config configures the executor. Zero fields take the documented defaults.
 type Config struct {
@@ -302,7 +316,7 @@ func (s *Server) Handler() http.Handler {
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	h := Health{OK: true, Version: Version, Preload: append([]string{}, s.cfg.Preload...),
+	h := wire.Health{OK: true, Version: Version, Preload: append([]string{}, s.cfg.Preload...),
 		UptimeMs: time.Since(s.started).Milliseconds()}
 	s.mu.Lock()
 	z, zerr := s.zyg, s.zygErr
@@ -327,7 +341,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
-	var req CancelRequest
+	var req wire.CancelRequest
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 4096))
 	if err := dec.Decode(&req); err != nil || req.ID == "" {
 		writeError(w, fmt.Errorf("cancel: body must be {\"id\": ...}: %w", errdefs.ErrInvalidArgument))
@@ -339,7 +353,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 	if e != nil {
 		e.cancel(errCancelRequested)
 	}
-	writeJSON(w, http.StatusOK, CancelResponse{Cancelled: e != nil})
+	writeJSON(w, http.StatusOK, wire.CancelResponse{Cancelled: e != nil})
 }
 
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
@@ -355,7 +369,7 @@ func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
 // ?conversation_id= (none if absent).
 func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) {
 	key := contextKey{conversation: r.URL.Query().Get("conversation_id"), id: r.PathValue("id")}
-	if key.conversation != "" && !ValidConversationID(key.conversation) {
+	if key.conversation != "" && !wire.ValidConversationID(key.conversation) {
 		writeError(w, fmt.Errorf("conversation_id %q is not a valid conversation id: %w", key.conversation, errdefs.ErrInvalidArgument))
 		return
 	}
@@ -376,7 +390,7 @@ func (s *Server) handleDeleteContext(w http.ResponseWriter, r *http.Request) {
 // conversation without contexts gives 0.
 func (s *Server) handleDeleteConversation(w http.ResponseWriter, r *http.Request) {
 	conv := r.PathValue("id")
-	if !ValidConversationID(conv) {
+	if !wire.ValidConversationID(conv) {
 		writeError(w, fmt.Errorf("conversation %q is not a valid conversation id: %w", conv, errdefs.ErrInvalidArgument))
 		return
 	}
@@ -392,7 +406,7 @@ func (s *Server) handleDeleteConversation(w http.ResponseWriter, r *http.Request
 	for _, pc := range doomed {
 		pc.delete()
 	}
-	writeJSON(w, http.StatusOK, DeleteConversationResponse{DeletedContexts: len(doomed)})
+	writeJSON(w, http.StatusOK, wire.DeleteConversationResponse{DeletedContexts: len(doomed)})
 }
 
 // superviseZygote keeps a zygote running, restarting it with backoff when
@@ -404,7 +418,7 @@ func (s *Server) superviseZygote() {
 	cfg := zygoteConfig{
 		UID: s.cfg.UID, GID: s.cfg.GID, Preload: append([]string{}, s.cfg.Preload...), Bash: s.cfg.Bash,
 		Workspace: s.cfg.Workspace, ViewDir: s.viewDir,
-		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: MaxReturnValueBytes,
+		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: wire.MaxReturnValueBytes,
 		Warm: s.cfg.WarmWorkers,
 	}
 	env := s.cfg.Env
@@ -545,7 +559,7 @@ func writeError(w http.ResponseWriter, err error) {
 }
 
 func writeErrorStatus(w http.ResponseWriter, status int, code, msg string) {
-	var body errorBody
+	var body wire.ErrorBody
 	body.Error.Code, body.Error.Message = code, msg
 	writeJSON(w, status, body)
 }

@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
 	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
@@ -61,7 +63,7 @@ func viewsIn(t *testing.T, name string) {
 			t.Errorf("destroy %s: %v", id, err)
 		}
 	}()
-	client := executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+	client := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
 	defer client.Close()
 	executor.RunConversationViews(t, executor.ViewSandbox{
 		Client: client, HostWorkspace: ws, Workspace: "/workspace",

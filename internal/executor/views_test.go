@@ -11,13 +11,16 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // ViewSandbox is an executor the conversation-view checks run against: one
 // served in this process (TestConversationViews) or one in a real sandbox
 // (views_integration_test.go, under runc and runsc).
 type ViewSandbox struct {
-	Client *Client
+	Client *client.Client
 	// HostWorkspace is the workspace as the test sees it; Workspace is
 	// where code in the sandbox finds it.
 	HostWorkspace, Workspace string
@@ -99,7 +102,7 @@ func (v *ViewSandbox) plantUploads(t *testing.T) {
 	dir(filepath.Join(up, "c8"), v.RootUID, 0o777)
 }
 
-func (v *ViewSandbox) run(t *testing.T, req RunRequest) *Result {
+func (v *ViewSandbox) run(t *testing.T, req wire.RunRequest) *wire.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -114,10 +117,10 @@ func (v *ViewSandbox) run(t *testing.T, req RunRequest) *Result {
 }
 
 // value runs req, which must complete, and decodes its return value.
-func (v *ViewSandbox) value(t *testing.T, req RunRequest, out any) {
+func (v *ViewSandbox) value(t *testing.T, req wire.RunRequest, out any) {
 	t.Helper()
 	res := v.run(t, req)
-	if res.Status != StatusCompleted {
+	if res.Status != wire.StatusCompleted {
 		t.Fatalf("%s: %+v\nstdout: %s\nstderr: %s", res.Status, res.Error, res.Stdout, res.Stderr)
 	}
 	if err := json.Unmarshal(res.ReturnValue, out); err != nil {
@@ -125,7 +128,7 @@ func (v *ViewSandbox) value(t *testing.T, req RunRequest, out any) {
 	}
 }
 
-func (v *ViewSandbox) inConversation(conv, code string) RunRequest {
+func (v *ViewSandbox) inConversation(conv, code string) wire.RunRequest {
 	req := py(fmt.Sprintf("W = %q\n", v.Workspace) + code)
 	req.ConversationID = conv
 	return req
@@ -325,7 +328,7 @@ func (v *ViewSandbox) wantRefused(t *testing.T, conv, why string) {
 	t.Helper()
 	ran := filepath.Join(v.HostWorkspace, "ran-"+conv)
 	res := v.run(t, v.inConversation(conv, "open(W + '/ran-"+conv+"', 'w').close()\nprint('ran')"))
-	if res.Status != StatusFailed || res.Error == nil || res.Error.Type != ErrTypeExecutor {
+	if res.Status != wire.StatusFailed || res.Error == nil || res.Error.Type != wire.ErrTypeExecutor {
 		t.Errorf("%s: %s %+v, want an ExecutorError", conv, res.Status, res.Error)
 	} else if !strings.Contains(res.Error.Message, why) {
 		t.Errorf("%s: message %q does not say %q", conv, res.Error.Message, why)
@@ -400,14 +403,14 @@ touch "$W/uploads/temparea/x" 2>/dev/null && echo WROTE
 bash -c 'ls -A "$0/uploads"' "$W"`, v.Workspace))
 	req.ConversationID = "c1"
 	res := v.run(t, req)
-	if want := "temparea\n" + secret("c1") + "temparea\n"; res.Status != StatusCompleted || res.Stdout != want {
+	if want := "temparea\n" + secret("c1") + "temparea\n"; res.Status != wire.StatusCompleted || res.Stdout != want {
 		t.Errorf("bash in c1: %s %+v %q, want %q", res.Status, res.Error, res.Stdout, want)
 	}
 }
 
 func (v *ViewSandbox) testContexts(t *testing.T) {
 	ctx := context.Background()
-	inContext := func(conv, code string) RunRequest {
+	inContext := func(conv, code string) wire.RunRequest {
 		req := v.inConversation(conv, code)
 		req.ContextID = "k"
 		return req
@@ -453,7 +456,7 @@ func (v *ViewSandbox) testContexts(t *testing.T) {
 	}
 	// A context's view is made when it starts: a bad one fails its run.
 	res := v.run(t, inContext("c5", "return 1"))
-	if res.Status != StatusFailed || res.Error == nil || res.Error.Type != ErrTypeExecutor || !strings.Contains(res.Error.Message, "symbolic link") {
+	if res.Status != wire.StatusFailed || res.Error == nil || res.Error.Type != wire.ErrTypeExecutor || !strings.Contains(res.Error.Message, "symbolic link") {
 		t.Errorf("context of c5: %s %+v, want an ExecutorError", res.Status, res.Error)
 	}
 	v.Client.DeleteConversation(ctx, "c5")

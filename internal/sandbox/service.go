@@ -25,9 +25,10 @@ import (
 	"sync"
 	"time"
 
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -56,13 +57,13 @@ const (
 type Sandbox struct {
 	ID      string
 	Runtime runtime.Runtime
-	Client  *executor.Client
+	Client  *execclient.Client
 }
 
 // Attach returns the sandbox id on rt, with a client that dials its
 // executor when first used.
 func Attach(rt runtime.Runtime, id string) *Sandbox {
-	return &Sandbox{ID: id, Runtime: rt, Client: executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
+	return &Sandbox{ID: id, Runtime: rt, Client: execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })}
 }
 
 // Config configures a Service.

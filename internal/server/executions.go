@@ -12,12 +12,12 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // maxExecuteBody bounds an execute request: the executor's own bound on
 // code, event and environment, and slack for the JSON around them.
-const maxExecuteBody = executor.MaxRequestBytes + 1<<20
+const maxExecuteBody = wire.MaxRequestBytes + 1<<20
 
 // execute: POST /sessions/{id}/execute. Asynchronous by
 // default (202 and an id); ?wait=true answers with the result;

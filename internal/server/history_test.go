@@ -14,7 +14,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/app"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/server"
@@ -29,7 +29,7 @@ const (
 	hugeOut    = 1 << 20
 	hugeReturn = 2 << 20
 	// largeCode is about as much code as a request may carry.
-	largeCode = executor.MaxCodeBytes - 64
+	largeCode = wire.MaxCodeBytes - 64
 )
 
 // hugeExecutor serves the executor's protocol on a unix socket and
@@ -44,17 +44,17 @@ func hugeExecutor(t *testing.T) string {
 	ret, _ := json.Marshal(strings.Repeat("r", hugeReturn-2))
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(executor.Health{OK: true, Ready: true})
+		json.NewEncoder(w).Encode(wire.Health{OK: true, Ready: true})
 	})
 	mux.HandleFunc("POST /run", func(w http.ResponseWriter, r *http.Request) {
-		var req executor.RunRequest
+		var req wire.RunRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			http.Error(w, `{"error":{"code":"invalid_argument","message":"bad request"}}`, 400)
 			return
 		}
 		now := time.Now().UTC()
-		json.NewEncoder(w).Encode(executor.Event{Type: "result", Result: &executor.Result{
-			ID: req.ID, Status: executor.StatusCompleted, Stdout: strings.Repeat("o", hugeOut), Stderr: strings.Repeat("\x01", hugeOut),
+		json.NewEncoder(w).Encode(wire.Event{Type: "result", Result: &wire.Result{
+			ID: req.ID, Status: wire.StatusCompleted, Stdout: strings.Repeat("o", hugeOut), Stderr: strings.Repeat("\x01", hugeOut),
 			ReturnValue: ret, Artifacts: []string{}, StartedAt: now, FinishedAt: now,
 		}})
 	})

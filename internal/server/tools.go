@@ -16,7 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/mcp"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -261,7 +261,7 @@ func runResult(name string, res *api.Execution) (*api.ToolResult, error) {
 		fmt.Fprintf(&b, "result: %s\n", res.ReturnValue)
 	}
 	// A command's non-zero exit is its exit code, said below.
-	if res.Error != nil && !(name == "run_bash" && res.Error.Type == executor.ErrTypeNonZeroExit) {
+	if res.Error != nil && !(name == "run_bash" && res.Error.Type == wire.ErrTypeNonZeroExit) {
 		fmt.Fprintf(&b, "error: %s: %s\n", res.Error.Type, res.Error.Message)
 		if res.Error.Traceback != "" {
 			b.WriteString(res.Error.Traceback + "\n")

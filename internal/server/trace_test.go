@@ -21,7 +21,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/app"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -138,19 +138,19 @@ func fakeExecutor(t *testing.T) string {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		json.NewEncoder(w).Encode(executor.Health{OK: true, Ready: true})
+		json.NewEncoder(w).Encode(wire.Health{OK: true, Ready: true})
 	})
 	mux.HandleFunc("POST /run", func(w http.ResponseWriter, r *http.Request) {
-		var req executor.RunRequest
+		var req wire.RunRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 			http.Error(w, `{"error":{"code":"invalid_argument","message":"bad request"}}`, 400)
 			return
 		}
 		enc := json.NewEncoder(w)
-		enc.Encode(executor.Event{Type: "stdout", Data: "hi\n"})
+		enc.Encode(wire.Event{Type: "stdout", Data: "hi\n"})
 		now := time.Now().UTC()
-		enc.Encode(executor.Event{Type: "result", Result: &executor.Result{
-			ID: req.ID, Status: executor.StatusCompleted, Stdout: "hi\n", Artifacts: []string{}, StartedAt: now, FinishedAt: now,
+		enc.Encode(wire.Event{Type: "result", Result: &wire.Result{
+			ID: req.ID, Status: wire.StatusCompleted, Stdout: "hi\n", Artifacts: []string{}, StartedAt: now, FinishedAt: now,
 		}})
 	})
 	srv := &http.Server{Handler: mux}

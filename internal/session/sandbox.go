@@ -8,9 +8,10 @@ import (
 	"sync"
 	"time"
 
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/executor"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
@@ -21,7 +22,7 @@ import (
 // lease is out the sandbox is neither paused nor hibernated by the reaper.
 // The execution calls Release when it is over.
 type Lease struct {
-	Client *executor.Client
+	Client *execclient.Client
 	// SandboxID names the sandbox (for logs).
 	SandboxID string
 

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -55,7 +55,7 @@ return ' '.join([str(os.getuid()), str(os.getgid()), str(os.getgroups()),
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			s.Client.Run(ctx, executor.RunRequest{ID: marker, Language: "bash", Code: "exec -a " + marker + " sleep 30", TimeoutMs: 30000}, nil)
+			s.Client.Run(ctx, wire.RunRequest{ID: marker, Language: "bash", Code: "exec -a " + marker + " sleep 30", TimeoutMs: 30000}, nil)
 		}()
 		defer func() { cancel(); <-done }()
 		var uid string
@@ -174,7 +174,7 @@ return ' '.join(res)`))
 			}
 		}
 		res := s.Run(t, "bash", "unshare -U -r true", 10*time.Second)
-		if res.Status == executor.StatusCompleted {
+		if res.Status == wire.StatusCompleted {
 			t.Errorf("unshare -U succeeded")
 		}
 	})
@@ -225,7 +225,7 @@ return ' '.join(res)`))
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			s.Client.Run(ctx, executor.RunRequest{ID: marker, Language: "bash", Env: map[string]string{"SECRET": marker},
+			s.Client.Run(ctx, wire.RunRequest{ID: marker, Language: "bash", Env: map[string]string{"SECRET": marker},
 				Code: "exec -a " + marker + " sleep 30", TimeoutMs: 30000}, nil)
 		}()
 		defer func() { cancel(); <-done }()
@@ -296,7 +296,7 @@ return repr(left)`))
 			time.Sleep(time.Second)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			res, err := s.Client.Run(ctx, executor.RunRequest{
+			res, err := s.Client.Run(ctx, wire.RunRequest{
 				ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "python", TimeoutMs: 20000, Code: `
 import os
 kids = []
@@ -311,14 +311,14 @@ print(len(kids))`}, nil)
 			switch {
 			case err != nil:
 				bystander <- err.Error()
-			case res.Status != executor.StatusCompleted || res.Stdout != "8\n":
+			case res.Status != wire.StatusCompleted || res.Stdout != "8\n":
 				bystander <- fmt.Sprintf("status %s stdout %q stderr %q", res.Status, res.Stdout, res.Stderr)
 			default:
 				bystander <- ""
 			}
 		}()
 		res := b.Run(t, "bash", `bomb() { bomb | bomb & }; bomb; sleep 3`, 5*time.Second)
-		if res.Status == executor.StatusCompleted && res.ExitCode == 0 {
+		if res.Status == wire.StatusCompleted && res.ExitCode == 0 {
 			t.Logf("fork bomb ended as %s", res.Status)
 		}
 		if msg := <-bystander; msg != "" {
@@ -339,7 +339,7 @@ print(len(kids))`}, nil)
 			return
 		}
 		res := b.Run(t, "python", memoryBomb, 30*time.Second)
-		if res.Status == executor.StatusCompleted {
+		if res.Status == wire.StatusCompleted {
 			t.Fatalf("a 1 GiB allocation in a 128 MiB sandbox completed: %+v", res)
 		}
 		if res.Error == nil || res.Error.Type != "OutOfMemory" && res.Error.Type != "MemoryError" {
@@ -358,8 +358,8 @@ const memoryBomb = "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\np
 // caller and harmless to bystander s.
 func memoryBombSandboxWide(t *testing.T, h *Harness, b, s *Sandbox) {
 	ctx := context.Background()
-	res, err := b.Client.Run(ctx, executor.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "python", Code: memoryBomb, TimeoutMs: 30000}, nil)
-	if err == nil && res.Status == executor.StatusCompleted {
+	res, err := b.Client.Run(ctx, wire.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "python", Code: memoryBomb, TimeoutMs: 30000}, nil)
+	if err == nil && res.Status == wire.StatusCompleted {
 		t.Fatalf("a 1 GiB allocation in a 128 MiB sandbox completed: %+v", res)
 	}
 	// The runtime reports the sandbox stopped once its kernel is gone (a
@@ -393,7 +393,7 @@ func hostUIDOffHost(t *testing.T, h *Harness, s *Sandbox) {
 	var once sync.Once
 	go func() {
 		defer close(done)
-		s.Client.Run(ctx, executor.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "bash", Code: "echo started; exec sleep 30", TimeoutMs: 30000},
+		s.Client.Run(ctx, wire.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "bash", Code: "echo started; exec sleep 30", TimeoutMs: 30000},
 			func(string, string) { once.Do(func() { close(started) }) })
 	}()
 	defer func() { cancel(); <-done }()

@@ -16,8 +16,10 @@ import (
 	"testing"
 	"time"
 
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -84,7 +86,7 @@ var seq atomic.Int64
 type Sandbox struct {
 	ID        string
 	Workspace string
-	Client    *executor.Client
+	Client    *execclient.Client
 	rt        runtime.Runtime
 }
 
@@ -112,7 +114,7 @@ func (h *Harness) newSandbox(t testing.TB, spec runtime.Spec) *Sandbox {
 	}
 	rt := h.Runtime
 	s := &Sandbox{ID: id, Workspace: ws, rt: rt}
-	s.Client = executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+	s.Client = execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
 	t.Cleanup(func() {
 		s.Client.Close()
 		if err := rt.Destroy(context.Background(), id); err != nil {
@@ -123,11 +125,11 @@ func (h *Harness) newSandbox(t testing.TB, spec runtime.Spec) *Sandbox {
 }
 
 // Run executes code and fails the test if the executor cannot be reached.
-func (s *Sandbox) Run(t testing.TB, lang, code string, timeout time.Duration) *executor.Result {
+func (s *Sandbox) Run(t testing.TB, lang, code string, timeout time.Duration) *wire.Result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout+30*time.Second)
 	defer cancel()
-	res, err := s.Client.Run(ctx, executor.RunRequest{
+	res, err := s.Client.Run(ctx, wire.RunRequest{
 		ID: fmt.Sprintf("e%d", seq.Add(1)), Language: lang, Code: code,
 		TimeoutMs: timeout.Milliseconds(),
 	}, nil)
@@ -138,10 +140,10 @@ func (s *Sandbox) Run(t testing.TB, lang, code string, timeout time.Duration) *e
 }
 
 // MustRun executes code and fails the test unless it completed.
-func (s *Sandbox) MustRun(t testing.TB, lang, code string) *executor.Result {
+func (s *Sandbox) MustRun(t testing.TB, lang, code string) *wire.Result {
 	t.Helper()
 	res := s.Run(t, lang, code, 30*time.Second)
-	if res.Status != executor.StatusCompleted {
+	if res.Status != wire.StatusCompleted {
 		t.Fatalf("run %q: status %s, error %+v, stdout %q, stderr %q", code, res.Status, res.Error, res.Stdout, res.Stderr)
 	}
 	return res
@@ -320,9 +322,9 @@ func testRecover(t *testing.T, h *Harness) {
 	if err != nil || !contains(list, s.ID) {
 		t.Fatalf("reopened runtime does not list %s: %v", s.ID, err)
 	}
-	c := executor.NewClient(func(ctx context.Context) (net.Conn, error) { return rt2.Dial(ctx, s.ID) })
+	c := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt2.Dial(ctx, s.ID) })
 	defer c.Close()
-	res, err := c.Run(ctx, executor.RunRequest{ID: "after-reopen", Language: "python", Code: "return open('/workspace/before').read()", TimeoutMs: 10000}, nil)
+	res, err := c.Run(ctx, wire.RunRequest{ID: "after-reopen", Language: "python", Code: "return open('/workspace/before').read()", TimeoutMs: 10000}, nil)
 	if err != nil || string(res.ReturnValue) != `"x"` {
 		t.Fatalf("reattach: %+v, %v", res, err)
 	}
@@ -342,7 +344,7 @@ func contains(list []runtime.Info, id string) bool {
 }
 
 // returnString decodes a result's JSON string return value.
-func returnString(t testing.TB, res *executor.Result) string {
+func returnString(t testing.TB, res *wire.Result) string {
 	t.Helper()
 	var s string
 	if err := json.Unmarshal(res.ReturnValue, &s); err != nil {

@@ -1,4 +1,9 @@
-package executor
+// Package client is the control plane's side of the executor protocol:
+// a client of the daemon in one sandbox that keeps its connections alive
+// and bounds everything the sandbox sends back (the sandbox is not
+// trusted). It shares the wire format (package wire) with the daemon and
+// nothing else: it needs none of the daemon's code.
+package client
 
 import (
 	"bytes"
@@ -15,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // Client talks to one executor. It keeps connections alive between calls:
@@ -59,8 +65,8 @@ var ErrBadResponse = fmt.Errorf("the executor's response breaks the protocol: %w
 // limit: the result event, the largest, holds both streams, the return
 // value, the error and the artifact list.
 func maxEventLine(limit int64) int64 {
-	return jsonEscapeFactor*(2*(limit+maxMarkerBytes)+2*maxErrorText+MaxArtifacts*maxArtifactPath) +
-		MaxReturnValueBytes + 64<<10
+	return jsonEscapeFactor*(2*(limit+maxMarkerBytes)+2*maxErrorText+wire.MaxArtifacts*maxArtifactPath) +
+		wire.MaxReturnValueBytes + 64<<10
 }
 
 // boundedReader fails with ErrBadResponse once more than n bytes were read.
@@ -168,7 +174,7 @@ func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Res
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
-		var eb errorBody
+		var eb wire.ErrorBody
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		if json.Unmarshal(b, &eb) != nil || eb.Error.Code == "" {
 			return nil, &APIError{Status: resp.StatusCode, Code: "internal", Message: string(bytes.TrimSpace(b))}
@@ -204,8 +210,8 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) (er
 }
 
 // Health reports whether the executor is up and its zygote ready.
-func (c *Client) Health(ctx context.Context) (*Health, error) {
-	var h Health
+func (c *Client) Health(ctx context.Context) (*wire.Health, error) {
+	var h wire.Health
 	if err := c.call(ctx, http.MethodGet, "/health", nil, &h); err != nil {
 		return nil, err
 	}
@@ -242,15 +248,15 @@ func (c *Client) WaitReady(ctx context.Context) error {
 // Run executes req and returns its result. onOutput, if not nil, receives
 // the output as it happens, in order, with each piece whole UTF-8 text.
 // Cancelling ctx disconnects, which kills the execution.
-func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, data string)) (res *Result, err error) {
+func (c *Client) Run(ctx context.Context, req wire.RunRequest, onOutput func(stream, data string)) (res *wire.Result, err error) {
 	ctx, span := startSpan(ctx, http.MethodPost, "/run")
 	defer func() { endSpan(span, res, err) }()
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String("sbx.execution.id", req.ID))
 	}
 	limit := req.OutputLimitBytes
-	if limit <= 0 || limit > MaxOutputLimit {
-		limit = DefaultOutputLimit
+	if limit <= 0 || limit > wire.MaxOutputLimit {
+		limit = wire.DefaultOutputLimit
 	}
 	resp, err := c.do(ctx, http.MethodPost, "/run", req)
 	if err != nil {
@@ -275,7 +281,7 @@ func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, 
 			}
 			return nil, fmt.Errorf("executor run %q: stream ended without a result: %w", req.ID, err)
 		}
-		var ev Event
+		var ev wire.Event
 		if err := json.Unmarshal(line, &ev); err != nil {
 			return nil, bad("undecodable event: %v", err)
 		}
@@ -307,18 +313,18 @@ func (c *Client) Run(ctx context.Context, req RunRequest, onOutput func(stream, 
 
 // checkResult checks a result against what an honest executor sends for
 // an output limit of limit.
-func checkResult(r *Result, limit int64) error {
+func checkResult(r *wire.Result, limit int64) error {
 	switch {
-	case len(r.ID) > maxIDLen:
+	case len(r.ID) > wire.MaxIDLen:
 		return fmt.Errorf("an id of %d bytes", len(r.ID))
 	case len(r.Status) > 64:
 		return fmt.Errorf("a status of %d bytes", len(r.Status))
 	case int64(len(r.Stdout)) > limit+maxMarkerBytes || int64(len(r.Stderr)) > limit+maxMarkerBytes:
 		return fmt.Errorf("output of %d and %d bytes over a limit of %d", len(r.Stdout), len(r.Stderr), limit)
-	case len(r.ReturnValue) > MaxReturnValueBytes:
-		return fmt.Errorf("a return value of %d bytes, more than %d", len(r.ReturnValue), MaxReturnValueBytes)
-	case len(r.Artifacts) > MaxArtifacts:
-		return fmt.Errorf("%d artifacts, more than %d", len(r.Artifacts), MaxArtifacts)
+	case len(r.ReturnValue) > wire.MaxReturnValueBytes:
+		return fmt.Errorf("a return value of %d bytes, more than %d", len(r.ReturnValue), wire.MaxReturnValueBytes)
+	case len(r.Artifacts) > wire.MaxArtifacts:
+		return fmt.Errorf("%d artifacts, more than %d", len(r.Artifacts), wire.MaxArtifacts)
 	}
 	if e := r.Error; e != nil && (len(e.Type) > 256 || len(e.Message) > maxErrorText || len(e.Traceback) > maxErrorText) {
 		return fmt.Errorf("an error of %d, %d and %d bytes", len(e.Type), len(e.Message), len(e.Traceback))
@@ -387,16 +393,16 @@ func (l *lineReader) next() ([]byte, error) {
 
 // Cancel kills the running execution id. It reports whether there was one.
 func (c *Client) Cancel(ctx context.Context, id string) (bool, error) {
-	var out CancelResponse
-	if err := c.call(ctx, http.MethodPost, "/cancel", CancelRequest{ID: id}, &out); err != nil {
+	var out wire.CancelResponse
+	if err := c.call(ctx, http.MethodPost, "/cancel", wire.CancelRequest{ID: id}, &out); err != nil {
 		return false, err
 	}
 	return out.Cancelled, nil
 }
 
 // Stats reads the sandbox's resource usage.
-func (c *Client) Stats(ctx context.Context) (*Stats, error) {
-	var st Stats
+func (c *Client) Stats(ctx context.Context) (*wire.Stats, error) {
+	var st wire.Stats
 	if err := c.call(ctx, http.MethodGet, "/stats", nil, &st); err != nil {
 		return nil, err
 	}
@@ -416,7 +422,7 @@ func (c *Client) DeleteContext(ctx context.Context, conversationID, id string) e
 // DeleteConversation destroys every stateful context of conversationID and
 // returns how many there were. It is idempotent.
 func (c *Client) DeleteConversation(ctx context.Context, conversationID string) (int, error) {
-	var out DeleteConversationResponse
+	var out wire.DeleteConversationResponse
 	if err := c.call(ctx, http.MethodDelete, "/conversations/"+url.PathEscape(conversationID), nil, &out); err != nil {
 		return 0, err
 	}

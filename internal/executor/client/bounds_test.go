@@ -1,4 +1,4 @@
-package executor
+package client
 
 import (
 	"context"
@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 )
 
 // fakeExecutor serves handler on a unix socket, as a sandbox that replaced
@@ -91,7 +93,7 @@ func TestClientBoundsWhatTheExecutorSends(t *testing.T) {
 		{"giant return value", func(sent *atomic.Int64) http.HandlerFunc {
 			return func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", "application/x-ndjson")
-				fmt.Fprintf(w, `{"type":"result","result":{"id":"x","status":"completed","return_value":"%s"}}`+"\n", strings.Repeat("z", MaxReturnValueBytes+10))
+				fmt.Fprintf(w, `{"type":"result","result":{"id":"x","status":"completed","return_value":"%s"}}`+"\n", strings.Repeat("z", wire.MaxReturnValueBytes+10))
 			}
 		}, "a return value of"},
 		{"giant stdout in the result", func(sent *atomic.Int64) http.HandlerFunc {
@@ -103,7 +105,7 @@ func TestClientBoundsWhatTheExecutorSends(t *testing.T) {
 		{"too many artifacts", func(sent *atomic.Int64) http.HandlerFunc {
 			return func(w http.ResponseWriter, _ *http.Request) {
 				w.Header().Set("Content-Type", "application/x-ndjson")
-				io.WriteString(w, `{"type":"result","result":{"id":"x","status":"completed","artifacts":["a"`+strings.Repeat(`,"a"`, MaxArtifacts)+`]}}`+"\n")
+				io.WriteString(w, `{"type":"result","result":{"id":"x","status":"completed","artifacts":["a"`+strings.Repeat(`,"a"`, wire.MaxArtifacts)+`]}}`+"\n")
 			}
 		}, "artifacts, more than"},
 	}
@@ -117,7 +119,7 @@ func TestClientBoundsWhatTheExecutorSends(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			var passed int64
-			res, err := c.Run(ctx, RunRequest{ID: "x", Language: "python", Code: "1", OutputLimitBytes: limit}, func(_, data string) { passed += int64(len(data)) })
+			res, err := c.Run(ctx, wire.RunRequest{ID: "x", Language: "python", Code: "1", OutputLimitBytes: limit}, func(_, data string) { passed += int64(len(data)) })
 			if !errors.Is(err, ErrBadResponse) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Run = %v, %v; want ErrBadResponse: %s", res, err, tc.want)
 			}

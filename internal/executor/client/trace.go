@@ -1,17 +1,18 @@
-package executor
+package client
 
 import (
 	"context"
 	"errors"
 	"strings"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 )
 
 // tracerName is the instrumentation scope of the client's spans.
-const tracerName = "github.com/sbx-sandbox/sbx/internal/executor"
+const tracerName = "github.com/sbx-sandbox/sbx/internal/executor/client"
 
 // startSpan starts the client span of a call to the executor, named
 // after its method and path without ids ("executor POST /run",
@@ -36,7 +37,7 @@ func startSpan(ctx context.Context, method, path string) (context.Context, trace
 // endSpan ends a call's span with its outcome: the error's kind (no
 // answer, the executor's error code) and, for a run, the result's status
 // and error type. A run whose code failed is a call that went well.
-func endSpan(span trace.Span, res *Result, err error) {
+func endSpan(span trace.Span, res *wire.Result, err error) {
 	if !span.IsRecording() {
 		return
 	}

@@ -1,16 +1,8 @@
-// Package executor is the daemon that runs inside every sandbox as PID 1,
-// and the Go client that talks to it.
-//
-// The daemon serves HTTP/1.1 over a unix socket (PROTOCOL.md is the
-// contract). Code runs in children of a Python "zygote" that has already
-// imported the template's heavy modules: each execution is a fork of it,
-// PID 1 of a fresh PID namespace, with every privilege dropped and the inner
-// seccomp filter installed, so that killing that one process kills
-// everything the execution started.
-//
-// The types in this file are the wire format, shared by the server and
-// the client.
-package executor
+// Package wire is the executor protocol's wire format: the requests,
+// responses and limits that the daemon in every sandbox (internal/executor)
+// and the control plane's client (internal/executor/client) share, and the
+// validation both apply. PROTOCOL.md, beside the daemon, is the contract.
+package wire
 
 import (
 	"bytes"
@@ -24,10 +16,6 @@ import (
 
 	"github.com/sbx-sandbox/sbx/errdefs"
 )
-
-// Version is the executor's version, reported by /health. Release builds
-// set it with -ldflags "-X github.com/sbx-sandbox/sbx/internal/executor.Version=...".
-var Version = "dev"
 
 // Languages an execution can be written in.
 const (
@@ -52,7 +40,7 @@ const (
 	MaxReturnValueBytes = 16 << 20
 	// MaxArtifacts bounds Result.Artifacts.
 	MaxArtifacts = 1000
-	maxIDLen     = 128
+	MaxIDLen     = 128
 	maxEnvVars   = 1000
 )
 
@@ -203,15 +191,15 @@ type Event struct {
 	Result *Result `json:"result,omitempty"`
 }
 
-// errorBody is every error response: {"error":{"code","message"}}.
-type errorBody struct {
+// ErrorBody is every error response: {"error":{"code","message"}}.
+type ErrorBody struct {
 	Error struct {
 		Code    string `json:"code"`
 		Message string `json:"message"`
 	} `json:"error"`
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+var IDPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // conversationPattern is what a conversation id may be: it names a
 // directory (uploads/{id}), so no "/", no leading dot and no "..".
@@ -250,8 +238,8 @@ func invalid(format string, args ...any) error {
 // validate checks every field (the control plane is not trusted to have
 // done it, R-76) and applies defaults.
 func (r *RunRequest) validate(workspace string) error {
-	if r.ID != "" && !idPattern.MatchString(r.ID) {
-		return invalid("id must be 1-%d characters of [A-Za-z0-9._:-]", maxIDLen)
+	if r.ID != "" && !IDPattern.MatchString(r.ID) {
+		return invalid("id must be 1-%d characters of [A-Za-z0-9._:-]", MaxIDLen)
 	}
 	switch r.Language {
 	case LanguagePython, LanguageBash:
@@ -302,15 +290,19 @@ func (r *RunRequest) validate(workspace string) error {
 	}
 	if r.ConversationID != "" && !ValidConversationID(r.ConversationID) {
 		return invalid("conversation_id %q must be 1-%d characters of [A-Za-z0-9._-], starting with a letter or digit, without \"..\"",
-			r.ConversationID, maxIDLen)
+			r.ConversationID, MaxIDLen)
 	}
 	if r.ContextID != "" {
 		if r.Language != LanguagePython {
 			return invalid("context_id is for python only")
 		}
-		if !idPattern.MatchString(r.ContextID) {
-			return invalid("context_id must be 1-%d characters of [A-Za-z0-9._:-]", maxIDLen)
+		if !IDPattern.MatchString(r.ContextID) {
+			return invalid("context_id must be 1-%d characters of [A-Za-z0-9._:-]", MaxIDLen)
 		}
 	}
 	return nil
 }
+
+// Validate checks a request the way the executor will, and fills in its
+// defaults, so that a caller can refuse bad input before it has a sandbox.
+func (r *RunRequest) Validate() error { return r.validate("/workspace") }

@@ -1,4 +1,4 @@
-package executor
+package wire
 
 import (
 	"errors"
@@ -102,9 +102,9 @@ func FuzzDecodeRunRequest(f *testing.F) {
 			t.Fatalf("cwd %q", r.Cwd)
 		case len(r.Code) > MaxCodeBytes || len(r.Event) == 0:
 			t.Fatalf("code %d event %q", len(r.Code), r.Event)
-		case r.ContextID != "" && (r.Language != LanguagePython || !idPattern.MatchString(r.ContextID)):
+		case r.ContextID != "" && (r.Language != LanguagePython || !IDPattern.MatchString(r.ContextID)):
 			t.Fatalf("context %q", r.ContextID)
-		case r.ID != "" && !idPattern.MatchString(r.ID):
+		case r.ID != "" && !IDPattern.MatchString(r.ID):
 			t.Fatalf("id %q", r.ID)
 		case r.ConversationID != "" && (strings.ContainsAny(r.ConversationID, "/\x00") || strings.Contains(r.ConversationID, "..") ||
 			r.ConversationID[0] == '.' || len(r.ConversationID) > 128):
