@@ -12,7 +12,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
@@ -74,43 +73,45 @@ type entryInfo struct {
 	SymlinkTarget string `json:"symlinkTarget,omitempty"`
 }
 
-func fileType(m fs.FileMode) string {
-	switch {
-	case m.IsRegular():
+func fileType(t string) string {
+	switch t {
+	case "file":
 		return "FILE_TYPE_FILE"
-	case m.IsDir():
+	case "dir":
 		return "FILE_TYPE_DIRECTORY"
-	case m&fs.ModeSymlink != 0:
+	case "symlink":
 		return "FILE_TYPE_SYMLINK"
 	}
 	return "FILE_TYPE_UNSPECIFIED"
 }
 
+// fileMode is e's mode as Go's fs.FileMode says it ("drwxr-xr-x").
+func fileMode(e workspace.Entry) fs.FileMode {
+	m := e.Mode.Perm()
+	switch e.Type {
+	case "dir":
+		m |= fs.ModeDir
+	case "symlink":
+		m |= fs.ModeSymlink
+	case "other":
+		m |= fs.ModeIrregular
+	}
+	return m
+}
+
 // newEntryInfo describes fi, at workspace path rel, in the caller's
 // terms.
-func (h *Handler) newEntryInfo(ws *session.Files, sp sandboxPath, rel string, fi fs.FileInfo) entryInfo {
-	e := entryInfo{
-		Name: path.Base(sp.show(rel)), Type: fileType(fi.Mode()), Path: sp.show(rel),
-		Size: strconv.FormatInt(fi.Size(), 10), Mode: uint32(fi.Mode().Perm()),
-		Permissions: fi.Mode().String(), ModifiedTime: fi.ModTime().UTC().Format(time.RFC3339Nano),
+func (h *Handler) newEntryInfo(sp sandboxPath, rel string, fi workspace.Entry) entryInfo {
+	owner := fi.Owner
+	if owner == "" {
+		owner = "unknown"
 	}
-	owners := h.opt.Sessions.Owners()
-	name := func(id int) string {
-		switch id {
-		case owners.User.UID:
-			return "user"
-		case owners.Root.UID:
-			return "root"
-		}
-		return strconv.Itoa(id)
+	return entryInfo{
+		Name: path.Base(sp.show(rel)), Type: fileType(fi.Type), Path: sp.show(rel),
+		Size: strconv.FormatInt(fi.Size, 10), Mode: uint32(fi.Mode.Perm()),
+		Permissions: fileMode(fi).String(), ModifiedTime: fi.ModTime.UTC().Format(time.RFC3339Nano),
+		Owner: owner, Group: owner, SymlinkTarget: fi.Target,
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.Owner, e.Group = name(int(st.Uid)), name(int(st.Gid))
-	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		e.SymlinkTarget, _ = ws.Readlink(rel)
-	}
-	return e
 }
 
 type pathRequest struct {
@@ -146,9 +147,9 @@ func (h *Handler) filesystem(w http.ResponseWriter, r *http.Request) {
 	var resp any
 	switch method {
 	case "Stat":
-		resp, err = h.stat(ws, req.Path)
+		resp, err = h.stat(r.Context(), ws, req.Path)
 	case "ListDir":
-		resp, err = h.listDir(ws, req.Path, req.Depth)
+		resp, err = h.listDir(r.Context(), ws, req.Path, req.Depth)
 	case "MakeDir":
 		resp, err = h.makeDir(r.Context(), ws, req.Path)
 	case "Remove":
@@ -167,26 +168,26 @@ type entryResponse struct {
 	Entry entryInfo `json:"entry"`
 }
 
-func (h *Handler) entry(ws *session.Files, sp sandboxPath, rel string) (entryResponse, error) {
-	fi, err := ws.Stat(rel)
+func (h *Handler) entry(ctx context.Context, ws *session.Files, sp sandboxPath, rel string) (entryResponse, error) {
+	fi, err := ws.Stat(ctx, rel)
 	if err != nil {
 		return entryResponse{}, err
 	}
-	return entryResponse{h.newEntryInfo(ws, sp, rel, fi)}, nil
+	return entryResponse{h.newEntryInfo(sp, rel, fi)}, nil
 }
 
-func (h *Handler) stat(ws *session.Files, p string) (any, error) {
+func (h *Handler) stat(ctx context.Context, ws *session.Files, p string) (any, error) {
 	sp, err := resolve(p)
 	if err != nil {
 		return nil, err
 	}
-	return h.entry(ws, sp, sp.Rel)
+	return h.entry(ctx, ws, sp, sp.Rel)
 }
 
 // maxListed bounds a listing, as the main API's does.
 const maxListed = workspace.DefaultMaxEntries
 
-func (h *Handler) listDir(ws *session.Files, p string, depth uint32) (any, error) {
+func (h *Handler) listDir(ctx context.Context, ws *session.Files, p string, depth uint32) (any, error) {
 	sp, err := resolve(p)
 	if err != nil {
 		return nil, err
@@ -194,16 +195,16 @@ func (h *Handler) listDir(ws *session.Files, p string, depth uint32) (any, error
 	if depth == 0 {
 		depth = 1
 	}
-	fi, err := ws.Stat(sp.Rel)
+	fi, err := ws.Stat(ctx, sp.Rel)
 	if err != nil {
 		return nil, err
 	}
-	link := fi.Mode()&fs.ModeSymlink != 0
-	if !fi.IsDir() && !link {
+	link := fi.Type == "symlink"
+	if fi.Type != "dir" && !link {
 		return nil, fmt.Errorf("path %q is not a directory: %w", p, errdefs.ErrInvalidArgument)
 	}
 	// List follows a link at the path itself while it stays inside.
-	list, _, err := ws.List(sp.Rel, depth > 1, maxListed)
+	list, _, err := ws.List(ctx, sp.Rel, depth > 1, maxListed)
 	if err != nil {
 		return nil, err
 	}
@@ -221,11 +222,11 @@ func (h *Handler) listDir(ws *session.Files, p string, depth uint32) (any, error
 		if uint32(strings.Count(e.Path, "/")+1-base) > depth {
 			continue
 		}
-		fi, err := ws.Stat(e.Path)
+		fi, err := ws.Stat(ctx, e.Path)
 		if err != nil {
 			continue // gone since the listing
 		}
-		out.Entries = append(out.Entries, h.newEntryInfo(ws, sp, e.Path, fi))
+		out.Entries = append(out.Entries, h.newEntryInfo(sp, e.Path, fi))
 	}
 	return out, nil
 }
@@ -250,7 +251,7 @@ func (h *Handler) makeDir(ctx context.Context, ws *session.Files, p string) (any
 	if err := ws.MakeDir(ctx, sp.Rel); err != nil {
 		return nil, err
 	}
-	return h.entry(ws, sp, sp.Rel)
+	return h.entry(ctx, ws, sp, sp.Rel)
 }
 
 func (h *Handler) remove(ctx context.Context, ws *session.Files, p string) (any, error) {
@@ -276,7 +277,7 @@ func (h *Handler) move(ctx context.Context, ws *session.Files, from, to string) 
 	if err := ws.Move(ctx, src.Rel, dst.Rel); err != nil {
 		return nil, err
 	}
-	return h.entry(ws, dst, dst.Rel)
+	return h.entry(ctx, ws, dst, dst.Rel)
 }
 
 // readFile: GET /files?path=: the file's bytes (ranges too).
@@ -292,14 +293,14 @@ func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	f, fi, err := ws.Open(sp.Rel)
+	f, err := ws.Open(r.Context(), sp.Rel)
 	if err != nil {
 		h.writeErr(w, r, err)
 		return
 	}
 	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	http.ServeContent(w, r, "", fi.ModTime(), f)
+	http.ServeContent(w, r, "", f.Info().ModTime, f)
 }
 
 // writtenFile is envd's EntryInfo of the /files API.

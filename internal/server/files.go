@@ -221,7 +221,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	entries, truncated, err := ws.List(rel, recursive, maxListEntries)
+	entries, truncated, err := ws.List(r.Context(), rel, recursive, maxListEntries)
 	if errors.Is(err, errdefs.ErrNotFound) && cid != "" {
 		entries, err = nil, nil // a conversation without uploads yet
 	}
@@ -256,7 +256,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	file, fi, err := ws.Open(rel)
+	file, err := ws.Open(r.Context(), rel)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -269,7 +269,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 	// Saved, never shown: a planted page must not run as the API's origin
 	// (guard adds nosniff and a sandboxing CSP as well).
 	w.Header().Set("Content-Disposition", attachment(path.Base(rel)))
-	http.ServeContent(w, r, path.Base(rel), fi.ModTime(), file)
+	http.ServeContent(w, r, path.Base(rel), file.Info().ModTime, file)
 }
 
 // deleteFile: DELETE /sessions/{id}/files/{path}. A

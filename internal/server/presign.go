@@ -8,13 +8,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"os"
 	"regexp"
 	"strconv"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // Presigned downloads. A presigned URL names a copy of the
@@ -82,7 +82,7 @@ func (s *Server) presignMax() int64 {
 // presign copies file into the tenant's presigned copies (unless the same
 // content is there already, kept long enough) and answers with a signed
 // URL for it.
-func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, name string) {
+func (s *Server) presign(w http.ResponseWriter, r *http.Request, file workspace.File, name string) {
 	expiry, err := queryInt(r.URL.Query().Get("expires_in"), defaultPresignExpiry, 1, maxPresignExpiry, "expires_in")
 	if err != nil {
 		s.writeError(w, r, err)
@@ -97,11 +97,8 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file *os.File, 
 		return fmt.Errorf("presign: %q is %d bytes or more, more than the %d a presigned copy may have (the server's --presign-max-bytes); download it directly: %w",
 			name, size, max, errdefs.ErrTooLarge)
 	}
-	if fi, err := file.Stat(); err != nil {
-		s.writeError(w, r, err)
-		return
-	} else if fi.Size() > max {
-		s.writeError(w, r, tooLarge(fi.Size()))
+	if size := file.Info().Size; size > max {
+		s.writeError(w, r, tooLarge(size))
 		return
 	}
 	if err := s.opt.Sessions.AdmitStored(r.Context(), tenant(r)); err != nil {

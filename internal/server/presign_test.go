@@ -26,6 +26,7 @@ import (
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // swapBlobs rewrites a file with other content the first time the store
@@ -85,7 +86,7 @@ func presignFileFor(t *testing.T, s *Server, tenant, file string, expiry int) st
 	}
 	r := httptest.NewRequest("GET", target, nil)
 	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
-	s.presign(rec, r, f, "f.txt")
+	s.presign(rec, r, hostFile(t, f), "f.txt")
 	var p api.PresignResponse
 	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil || rec.Code != 200 {
 		t.Fatalf("presign: %d %s", rec.Code, rec.Body)
@@ -280,7 +281,7 @@ func TestPresignMaxBytes(t *testing.T) {
 	rec := httptest.NewRecorder()
 	r := httptest.NewRequest("GET", "/x?presign=true", nil)
 	r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, "t"))
-	s.presign(rec, r, fh, "big.txt")
+	s.presign(rec, r, hostFile(t, fh), "big.txt")
 	if rec.Code != 413 || !strings.Contains(rec.Body.String(), "presign-max-bytes") {
 		t.Errorf("presign of a TiB: %d %s", rec.Code, rec.Body)
 	}
@@ -288,3 +289,19 @@ func TestPresignMaxBytes(t *testing.T) {
 		t.Errorf("copies made: %+v", infos)
 	}
 }
+
+// hostFile is f as a workspace file.
+func hostFile(t *testing.T, f *os.File) workspace.File {
+	fi, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return osFile{f, workspace.Entry{Name: fi.Name(), Type: "file", Size: fi.Size(), ModTime: fi.ModTime()}}
+}
+
+type osFile struct {
+	*os.File
+	info workspace.Entry
+}
+
+func (f osFile) Info() workspace.Entry { return f.info }

@@ -152,7 +152,7 @@ func (s *Server) listResources(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ws.Close()
-	have, err := ws.Resources()
+	have, err := ws.Resources(r.Context())
 	if err != nil {
 		s.writeError(w, r, err)
 		return

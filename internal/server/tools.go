@@ -353,7 +353,7 @@ func (s *Server) toolList(conversationID string, raw json.RawMessage) (toolCall,
 			return nil, err
 		}
 		defer ws.Close()
-		entries, truncated, err := ws.List(rel, args.Recursive, maxListEntries)
+		entries, truncated, err := ws.List(ctx, rel, args.Recursive, maxListEntries)
 		if err != nil {
 			return toolError(err)
 		}
@@ -415,34 +415,38 @@ func (s *Server) toolRead(conversationID string, raw json.RawMessage) (toolCall,
 			return nil, err
 		}
 		defer ws.Close()
-		f, fi, err := ws.Open(rel)
+		f, err := ws.Open(ctx, rel)
 		if err != nil {
 			return toolError(err)
 		}
 		defer f.Close()
+		fi := f.Info()
 		buf := make([]byte, args.Length)
-		n, err := f.ReadAt(buf, args.Offset)
-		if err != nil && err != io.EOF {
+		if _, err := f.Seek(args.Offset, io.SeekStart); err != nil {
+			return nil, err
+		}
+		n, err := io.ReadFull(f, buf)
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
 			return nil, err
 		}
 		buf = buf[:n]
 		next := args.Offset + int64(n)
 		// A part cut in the middle of a UTF-8 character is still text: the
 		// cut character's bytes go to the next part.
-		if next < fi.Size() {
+		if next < fi.Size {
 			for k := 0; k < 3 && len(buf) > 0 && !utf8.Valid(buf); k++ {
 				buf = buf[:len(buf)-1]
 				next--
 			}
 		}
-		out := readResult{Path: rel, Size: fi.Size(), Offset: args.Offset, Length: len(buf), NextOffset: next, EOF: next >= fi.Size(), Encoding: "utf-8"}
+		out := readResult{Path: rel, Size: fi.Size, Offset: args.Offset, Length: len(buf), NextOffset: next, EOF: next >= fi.Size, Encoding: "utf-8"}
 		if utf8.Valid(buf) {
 			out.Content = string(buf)
 		} else {
 			out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(buf)
 		}
 		var b strings.Builder
-		fmt.Fprintf(&b, "%s: bytes %d-%d of %d", rel, args.Offset, next, fi.Size())
+		fmt.Fprintf(&b, "%s: bytes %d-%d of %d", rel, args.Offset, next, fi.Size)
 		if out.EOF {
 			b.WriteString(" (end of file)")
 		} else {

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	mrand "math/rand/v2"
-	"os"
 	"path"
 	"strings"
 	"sync"
@@ -75,7 +73,7 @@ func (f *Files) Write(ctx context.Context, w FileWrite) (workspace.SavedFile, er
 	if w.ConversationID != "" {
 		saved, err = f.ws.SaveUpload(ctx, w.ConversationID, rel, w.Body, f.sess.Config.MaxUploadBytes())
 	} else {
-		saved, err = f.ws.Save(ctx, rel, w.Body, f.sess.Config.MaxUploadBytes(), f.m.opt.Owners.User, 0o644)
+		saved, err = f.ws.Save(ctx, rel, w.Body, f.sess.Config.MaxUploadBytes())
 	}
 	if err != nil {
 		undo()
@@ -90,7 +88,7 @@ func (f *Files) Write(ctx context.Context, w FileWrite) (workspace.SavedFile, er
 		Tenant: f.sess.Tenant, SessionID: f.sess.ID, Path: saved.Path, ConversationID: w.ConversationID,
 		Size: saved.Size, SHA256: saved.SHA256, CreatedAt: time.Now().UTC(),
 	}); err != nil {
-		f.remove(saved.Path, false)
+		f.remove(context.WithoutCancel(ctx), saved.Path, false)
 		undo()
 		return workspace.SavedFile{}, err
 	}
@@ -176,14 +174,14 @@ const holdTries = 5
 // MakeDir makes the directory rel and any missing parents, the sandbox
 // user's.
 func (f *Files) MakeDir(ctx context.Context, rel string) error {
-	return f.ws.MakeDir(rel, f.m.opt.Owners.User)
+	return f.ws.MakeDir(ctx, rel)
 }
 
 // Move moves what is at from to to (see workspace.Rename); the upload
 // records of what moved move with it, so a move does not free a slot of
 // max_file_count.
 func (f *Files) Move(ctx context.Context, from, to string) error {
-	if err := f.ws.Rename(from, to); err != nil {
+	if err := f.ws.Rename(ctx, from, to); err != nil {
 		return err
 	}
 	from, _ = workspace.CleanPath(from)
@@ -220,7 +218,7 @@ func (f *Files) Remove(ctx context.Context, rel string, recursive bool) error {
 	if err != nil {
 		return err
 	}
-	err = f.remove(clean, recursive)
+	err = f.remove(ctx, clean, recursive)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
@@ -232,17 +230,17 @@ func (f *Files) Remove(ctx context.Context, rel string, recursive bool) error {
 	return err
 }
 
-func (f *Files) remove(rel string, recursive bool) error {
+func (f *Files) remove(ctx context.Context, rel string, recursive bool) error {
 	if workspace.InUploads(rel) {
-		return f.ws.RemoveUpload(rel, recursive)
+		return f.ws.RemoveUpload(ctx, rel, recursive)
 	}
-	return f.ws.Remove(rel, recursive)
+	return f.ws.Remove(ctx, rel, recursive)
 }
 
 // RemoveConversation removes conversation cid's uploads and their
 // records. It is not an error if there are none.
 func (f *Files) RemoveConversation(ctx context.Context, cid string) error {
-	if err := f.ws.RemoveConversation(cid); err != nil {
+	if err := f.ws.RemoveConversation(ctx, cid); err != nil {
 		return err
 	}
 	return f.m.opt.Store.DeleteConversationUploads(ctx, f.sess.Tenant, f.sess.ID, cid)
@@ -251,24 +249,24 @@ func (f *Files) RemoveConversation(ctx context.Context, cid string) error {
 // The reads need no policy beyond the workspace's path safety.
 
 // Open opens the regular file at rel for reading (workspace.Open).
-func (f *Files) Open(rel string) (*os.File, fs.FileInfo, error) { return f.ws.Open(rel) }
-
-// Stat describes what is at rel without following a link there.
-func (f *Files) Stat(rel string) (fs.FileInfo, error) { return f.ws.Stat(rel) }
-
-// Readlink returns the target of the link at rel.
-func (f *Files) Readlink(rel string) (string, error) { return f.ws.Readlink(rel) }
-
-// List lists rel (workspace.List).
-func (f *Files) List(rel string, recursive bool, maxEntries int) ([]workspace.Entry, bool, error) {
-	return f.ws.List(rel, recursive, maxEntries)
+func (f *Files) Open(ctx context.Context, rel string) (workspace.File, error) {
+	return f.ws.Open(ctx, rel)
 }
 
-// Dir returns the workspace's host directory.
-func (f *Files) Dir() string { return f.ws.Dir() }
+// Stat describes what is at rel without following a link there.
+func (f *Files) Stat(ctx context.Context, rel string) (workspace.Entry, error) {
+	return f.ws.Stat(ctx, rel)
+}
+
+// List lists rel (workspace.List).
+func (f *Files) List(ctx context.Context, rel string, recursive bool, maxEntries int) ([]workspace.Entry, bool, error) {
+	return f.ws.List(ctx, rel, recursive, maxEntries)
+}
 
 // Resources returns the resources in place (workspace.Resources).
-func (f *Files) Resources() ([]workspace.Resource, error) { return f.ws.Resources() }
+func (f *Files) Resources(ctx context.Context) ([]workspace.Resource, error) {
+	return f.ws.Resources(ctx)
+}
 
 // SyncResources brings .resources/ in line with want: sbx's own change to
 // what it manages, through the resource endpoints only.
@@ -280,7 +278,7 @@ func (f *Files) SyncResources(ctx context.Context, want []workspace.Resource, co
 // it: while it is open the workspace is not hibernated or replaced under
 // the call.
 type Files struct {
-	ws     *workspace.Workspace
+	ws     workspace.Workspace
 	sess   *Session
 	m      *Manager
 	e      *entry

@@ -294,7 +294,7 @@ func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	if _, err := a.Hibernate(ctx, "t", "s"); !errors.As(err, new(*TransitionError)) {
 		t.Fatalf("hibernate during another replica's file call: %v, want a TransitionError", err)
 	}
-	if err := os.WriteFile(filepath.Join(f.Dir(), "late.txt"), []byte("kept"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(b.opt.WorkspaceDir, "t", "s", "late.txt"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A pause leaves the files where they are: it may go on.
@@ -309,7 +309,7 @@ func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := os.ReadFile(filepath.Join(f.Dir(), "late.txt")); err != nil || string(got) != "kept" {
+	if got, err := os.ReadFile(filepath.Join(b.opt.WorkspaceDir, "t", "s", "late.txt")); err != nil || string(got) != "kept" {
 		t.Fatalf("after hibernate and restore: %q, %v", got, err)
 	}
 	// A file call open holds one lease; with none open there is none.

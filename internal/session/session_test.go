@@ -119,7 +119,7 @@ func TestLifecycleWithoutSandbox(t *testing.T) {
 	if _, err := m.Hibernate(ctx, "t", "s"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("hibernate during a file call: %v, want failed precondition", err)
 	}
-	if err := os.WriteFile(filepath.Join(f.Dir(), "kept.txt"), []byte("kept"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(m.opt.WorkspaceDir, "t", "s", "kept.txt"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -133,7 +133,7 @@ func TestLifecycleWithoutSandbox(t *testing.T) {
 	if err != nil || s.Status != api.StatusRunning {
 		t.Fatalf("file call on a hibernated session: %+v %v", s, err)
 	}
-	b, err := os.ReadFile(filepath.Join(f.Dir(), "kept.txt"))
+	b, err := os.ReadFile(filepath.Join(m.opt.WorkspaceDir, "t", "s", "kept.txt"))
 	f.Close()
 	if string(b) != "kept" {
 		t.Errorf("after hibernation: %q %v", b, err)

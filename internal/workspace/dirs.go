@@ -1,9 +1,9 @@
 package workspace
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"golang.org/x/sys/unix"
 
@@ -11,34 +11,31 @@ import (
 )
 
 // Stat describes what is at rel without following a link there (a link
-// is reported as a link). errdefs.ErrNotFound if there is nothing.
-func (w *Workspace) Stat(rel string) (fs.FileInfo, error) {
+// is reported as a link, with its target). errdefs.ErrNotFound if there
+// is nothing.
+func (w *Local) Stat(ctx context.Context, rel string) (Entry, error) {
 	rel, err := CleanPath(rel)
 	if err != nil {
-		return nil, err
+		return Entry{}, err
 	}
 	fi, err := w.root.Lstat(rel)
 	if err != nil {
-		return nil, classify(rel, err)
+		return Entry{}, classify(rel, err)
 	}
-	return fi, nil
+	e := w.newEntry(rel, fi)
+	if e.Type == "symlink" {
+		// Swapped meanwhile: reported as the link it was, without target.
+		e.Target, _ = w.root.Readlink(rel)
+	}
+	return e, nil
 }
 
-// Readlink returns the target of the link at rel, as the link holds it.
-func (w *Workspace) Readlink(rel string) (string, error) {
-	rel, err := CleanPath(rel)
-	if err != nil {
-		return "", err
-	}
-	t, err := w.root.Readlink(rel)
-	return t, classify(rel, err)
-}
-
-// MakeDir makes the directory rel and any missing parents, owned by owner
-// with mode 0755. errdefs.ErrAlreadyExists if a directory is there
+// MakeDir makes the directory rel and any missing parents, owned by the
+// sandbox user with mode 0755. errdefs.ErrAlreadyExists if a directory is there
 // already; a file there is errdefs.ErrInvalidArgument. Like Save, it
 // follows no link and refuses what sbx manages.
-func (w *Workspace) MakeDir(rel string, owner Owner) error {
+func (w *Local) MakeDir(ctx context.Context, rel string) error {
+	owner := w.owners.User
 	rel, err := CleanPath(rel)
 	if err != nil {
 		return err
@@ -70,7 +67,7 @@ func (w *Workspace) MakeDir(rel string, owner Owner) error {
 // non-empty directory). Neither may be the workspace itself; to's parent
 // must exist. Like Save, it follows no link on the way to either (a link
 // at from is moved itself) and refuses what sbx manages.
-func (w *Workspace) Rename(from, to string) error {
+func (w *Local) Rename(ctx context.Context, from, to string) error {
 	from, err := CleanPath(from)
 	if err != nil {
 		return err

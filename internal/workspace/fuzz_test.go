@@ -28,18 +28,18 @@ func FuzzWorkspacePaths(f *testing.F) {
 				t.Errorf("%s %q: internal error %v", op, p, err)
 			}
 		}
-		_, err := e.w.Save(ctx, p, strings.NewReader("pwned"), 1<<10, e.user, 0o644)
+		_, err := e.w.Save(ctx, p, strings.NewReader("pwned"), 1<<10)
 		check("save", err)
-		file, _, err := e.w.Open(p)
+		file, err := e.w.Open(context.Background(), p)
 		if err == nil {
 			file.Close()
 		}
 		check("open", err)
-		_, _, err = e.w.List(p, recursive, 100)
+		_, _, err = e.w.List(context.Background(), p, recursive, 100)
 		check("list", err)
-		check("remove", e.w.Remove(p, recursive))
+		check("remove", e.w.Remove(context.Background(), p, recursive))
 		if flags&2 != 0 {
-			check("remove conversation", e.w.RemoveConversation(p))
+			check("remove conversation", e.w.RemoveConversation(context.Background(), p))
 		}
 		e.checkOutside(t, want)
 	})

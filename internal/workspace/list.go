@@ -38,9 +38,21 @@ type Entry struct {
 	// Mode holds the permission bits.
 	Mode    fs.FileMode `json:"mode"`
 	ModTime time.Time   `json:"mod_time"`
+	// Target is a link's target as the link holds it; Stat fills it in,
+	// List does not.
+	Target string `json:"target,omitempty"`
+	// Owner is "root" for what the sandbox's root owns (uploads/,
+	// .resources/), "user" for the sandbox user's, "" for anything else.
+	Owner string `json:"owner,omitempty"`
 }
 
-func newEntry(p string, fi fs.FileInfo) Entry {
+// Owners as Entry names them.
+const (
+	OwnerRoot = "root"
+	OwnerUser = "user"
+)
+
+func (w *Local) newEntry(p string, fi fs.FileInfo) Entry {
 	t := "other"
 	switch m := fi.Mode(); {
 	case m.IsRegular():
@@ -50,7 +62,16 @@ func newEntry(p string, fi fs.FileInfo) Entry {
 	case m&fs.ModeSymlink != 0:
 		t = "symlink"
 	}
-	return Entry{Name: path.Base(p), Path: p, Type: t, Size: fi.Size(), Mode: fi.Mode().Perm(), ModTime: fi.ModTime()}
+	e := Entry{Name: path.Base(p), Path: p, Type: t, Size: fi.Size(), Mode: fi.Mode().Perm(), ModTime: fi.ModTime()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		switch int(st.Uid) {
+		case w.owners.User.UID:
+			e.Owner = OwnerUser
+		case w.owners.Root.UID:
+			e.Owner = OwnerRoot
+		}
+	}
+	return e
 }
 
 // List lists the directory at rel, or describes the single file there. A
@@ -60,7 +81,7 @@ func newEntry(p string, fi fs.FileInfo) Entry {
 // maxEntries are returned (DefaultMaxEntries if <= 0), and truncated says
 // when more were left out (as are directories nested deeper than
 // MaxPathLen). Entries are sorted by path.
-func (w *Workspace) List(rel string, recursive bool, maxEntries int) (entries []Entry, truncated bool, err error) {
+func (w *Local) List(ctx context.Context, rel string, recursive bool, maxEntries int) (entries []Entry, truncated bool, err error) {
 	rel, err = CleanPath(rel)
 	if err != nil {
 		return nil, false, err
@@ -73,7 +94,7 @@ func (w *Workspace) List(rel string, recursive bool, maxEntries int) (entries []
 		return nil, false, classify(rel, err)
 	}
 	if !fi.IsDir() {
-		return []Entry{newEntry(rel, fi)}, false, nil
+		return []Entry{w.newEntry(rel, fi)}, false, nil
 	}
 	entries = []Entry{}
 	// Breadth first: when the listing is cut short, what is left out is
@@ -87,7 +108,7 @@ func (w *Workspace) List(rel string, recursive bool, maxEntries int) (entries []
 				truncated = true
 				return false
 			}
-			e := newEntry(join(dir, fi.Name()), fi)
+			e := w.newEntry(join(dir, fi.Name()), fi)
 			entries = append(entries, e)
 			if recursive && fi.IsDir() {
 				if len(e.Path) >= MaxPathLen {
@@ -117,7 +138,7 @@ func (w *Workspace) List(rel string, recursive bool, maxEntries int) (entries []
 // readDir calls fn for the entries of the directory at dir, a batch at a
 // time, until fn returns false (then more is false too). Entries are not
 // followed (Readdir on a file opened in a Root lstats with fstatat).
-func (w *Workspace) readDir(dir string, fn func(fs.FileInfo) bool) (more bool, err error) {
+func (w *Local) readDir(dir string, fn func(fs.FileInfo) bool) (more bool, err error) {
 	// O_DIRECTORY: the directory may have become a FIFO since it was seen,
 	// and opening that without it would wait for a writer.
 	f, err := w.root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
@@ -182,7 +203,7 @@ func comparePaths(a, b string) int {
 // followed. The walk stops with errdefs.ErrResourceExhausted past 2^20
 // entries or a path longer than MaxPathLen; a workspace that big is over
 // any quota sbx sets.
-func (w *Workspace) Usage(ctx context.Context) (bytes int64, files int, err error) {
+func (w *Local) Usage(ctx context.Context) (bytes int64, files int, err error) {
 	u := usage{ctx: ctx}
 	if err := w.usage(&u, "."); err != nil {
 		return u.bytes, u.files, err
@@ -199,7 +220,7 @@ type usage struct {
 
 // usage walks dir depth first, holding one descriptor per level (at most
 // MaxPathLen/2 of them) and one batch of entries per level.
-func (w *Workspace) usage(u *usage, dir string) error {
+func (w *Local) usage(u *usage, dir string) error {
 	var walkErr error
 	_, err := w.readDir(dir, func(fi fs.FileInfo) bool {
 		if walkErr = u.ctx.Err(); walkErr != nil {

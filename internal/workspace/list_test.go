@@ -40,7 +40,7 @@ func TestList(t *testing.T) {
 			"reldir:symlink relfile:symlink uploads:dir"},
 	} {
 		t.Run(fmt.Sprintf("%s %v", tc.path, tc.recursive), func(t *testing.T) {
-			ents, truncated, err := e.w.List(tc.path, tc.recursive, 0)
+			ents, truncated, err := e.w.List(context.Background(), tc.path, tc.recursive, 0)
 			if err != nil || truncated {
 				t.Fatalf("List = %v, %v", truncated, err)
 			}
@@ -50,7 +50,7 @@ func TestList(t *testing.T) {
 		})
 	}
 	t.Run("entry", func(t *testing.T) {
-		ents, _, err := e.w.List("real/deep/b.txt", false, 0)
+		ents, _, err := e.w.List(context.Background(), "real/deep/b.txt", false, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -59,12 +59,12 @@ func TestList(t *testing.T) {
 		}
 	})
 	t.Run("missing", func(t *testing.T) {
-		if _, _, err := e.w.List("nope", true, 0); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, _, err := e.w.List(context.Background(), "nope", true, 0); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("List(nope) = %v, want ErrNotFound", err)
 		}
 	})
 	t.Run("empty", func(t *testing.T) {
-		ents, _, err := e.w.List("uploads", true, 0)
+		ents, _, err := e.w.List(context.Background(), "uploads", true, 0)
 		if err != nil || ents == nil || len(ents) != 0 {
 			t.Errorf("List(uploads) = %#v, %v; want an empty, non-nil list", ents, err)
 		}
@@ -98,7 +98,7 @@ func TestListTruncated(t *testing.T) {
 		{"tree", false, 1, 1, true},
 	} {
 		t.Run(fmt.Sprintf("%s %v %d", tc.path, tc.recursive, tc.max), func(t *testing.T) {
-			ents, truncated, err := e.w.List(tc.path, tc.recursive, tc.max)
+			ents, truncated, err := e.w.List(context.Background(), tc.path, tc.recursive, tc.max)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -108,7 +108,7 @@ func TestListTruncated(t *testing.T) {
 		})
 	}
 	t.Run("shallowest first", func(t *testing.T) {
-		ents, _, _ := e.w.List("tree", true, 2)
+		ents, _, _ := e.w.List(context.Background(), "tree", true, 2)
 		if got := paths(ents); got != "tree/a tree/top" {
 			t.Errorf("List = %s", got)
 		}
@@ -167,18 +167,18 @@ func TestSwapRace(t *testing.T) {
 	var errs []error
 	for i := range 500 {
 		p := []string{"victim/secret", "victim/sub/new", "victim/sub"}[i%3]
-		if _, err := e.w.Save(ctx, p, strings.NewReader("pwned"), 0, e.user, 0); err != nil {
+		if _, err := e.w.Save(ctx, p, strings.NewReader("pwned"), 0); err != nil {
 			errs = append(errs, err)
 		}
-		if f, _, err := e.w.Open(p); err == nil {
+		if f, err := e.w.Open(context.Background(), p); err == nil {
 			f.Close()
 		} else {
 			errs = append(errs, err)
 		}
-		if _, _, err := e.w.List("victim", true, 0); err != nil {
+		if _, _, err := e.w.List(context.Background(), "victim", true, 0); err != nil {
 			errs = append(errs, err)
 		}
-		if err := e.w.Remove(p, i%2 == 0); err != nil {
+		if err := e.w.Remove(context.Background(), p, i%2 == 0); err != nil {
 			errs = append(errs, err)
 		}
 		if _, _, err := e.w.Usage(ctx); err != nil {

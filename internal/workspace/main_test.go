@@ -40,7 +40,7 @@ func testOwners() Owners {
 // env is a workspace at base/ws/s1 next to base/outside, a directory that
 // no operation on the workspace may touch.
 type env struct {
-	w       *Workspace
+	w       *Local
 	base    string
 	outside string
 	user    Owner

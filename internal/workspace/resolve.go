@@ -78,12 +78,12 @@ func (p *parentDir) lstat() (*unix.Stat_t, error) {
 // resolve opens the parent directory of rel (a CleanPath result, not ".")
 // for an operation in area a, without following links, and checks that
 // the operation stays in a. With mk, missing directories are made.
-func (w *Workspace) resolve(rel string, a area, mk *mkdirs) (*parentDir, error) {
+func (w *Local) resolve(rel string, a area, mk *mkdirs) (*parentDir, error) {
 	if rel == "." {
 		return nil, badPath(rel, "the workspace itself cannot be changed")
 	}
 	comps := strings.Split(rel, "/")
-	if a != userArea && (comps[0] != string(a) || len(comps) < 2) {
+	if a != userArea && a != archiveArea && (comps[0] != string(a) || len(comps) < 2) {
 		return nil, badPath(rel, fmt.Sprintf("not below %s/", a))
 	}
 	dir, err := w.root.OpenFile(".", os.O_RDONLY|unix.O_DIRECTORY, 0)
@@ -148,7 +148,7 @@ func openDir(dir *os.File, name string, mk *mkdirs) (_ *os.File, made bool, _ er
 // componentError explains why the directory at sub, on the way to rel,
 // could not be opened: a link (refused, not followed) or a file is the
 // client's to fix.
-func (w *Workspace) componentError(rel, sub string, err error) error {
+func (w *Local) componentError(rel, sub string, err error) error {
 	if errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
 		if fi, lerr := w.root.Lstat(sub); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
 			return fmt.Errorf("path %s: %s is a symbolic link: files are written, moved and removed only by their real path, never through a link: %w",
@@ -165,7 +165,7 @@ func (w *Workspace) componentError(rel, sub string, err error) error {
 // adoptFile gives a directory resolve just made its owner and mode. If
 // the sandbox swapped the name in the meantime, the directory is not ours
 // and is left alone rather than handed to owner.
-func (w *Workspace) adoptFile(d *os.File, owner Owner, perm fs.FileMode) error {
+func (w *Local) adoptFile(d *os.File, owner Owner, perm fs.FileMode) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
 		return err
@@ -182,7 +182,7 @@ func (w *Workspace) adoptFile(d *os.File, owner Owner, perm fs.FileMode) error {
 // managedEntry says why the directory d, opened at the top of the
 // workspace (under a name that is not sbx's), is sbx's all the same, or
 // "" when it is the user's.
-func (w *Workspace) managedEntry(d *os.File) string {
+func (w *Local) managedEntry(d *os.File) string {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
 		return "cannot be checked: " + err.Error()
@@ -192,7 +192,7 @@ func (w *Workspace) managedEntry(d *os.File) string {
 
 // managedName says why the name p acts on at the top of the workspace is
 // sbx's (to replace, move or remove), or "" when it is the user's.
-func (w *Workspace) managedName(p *parentDir) string {
+func (w *Local) managedName(p *parentDir) string {
 	if why := Managed(p.name); why != "" {
 		return why
 	}
@@ -203,7 +203,7 @@ func (w *Workspace) managedName(p *parentDir) string {
 	return w.rootOwned(st)
 }
 
-func (w *Workspace) rootOwned(st *unix.Stat_t) string {
+func (w *Local) rootOwned(st *unix.Stat_t) string {
 	if w.owners.Root == w.owners.User || int(st.Uid) != w.owners.Root.UID {
 		return ""
 	}

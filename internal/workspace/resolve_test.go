@@ -99,21 +99,21 @@ func TestManagedByRealTarget(t *testing.T) {
 					t.Errorf("%s: %v, want refused", op, err)
 				}
 			}
-			_, err := me.w.Save(ctx, p+"/new.txt", strings.NewReader("pwned"), 0, me.user, 0)
+			_, err := me.w.Save(ctx, p+"/new.txt", strings.NewReader("pwned"), 0)
 			refused("Save", err)
-			_, err = me.w.Save(ctx, p+"/c1/temparea/doc.pdf", strings.NewReader("pwned"), 0, me.user, 0)
+			_, err = me.w.Save(ctx, p+"/c1/temparea/doc.pdf", strings.NewReader("pwned"), 0)
 			refused("Save over an upload", err)
-			refused("MakeDir", me.w.MakeDir(p+"/d", me.user))
-			refused("Rename into", me.w.Rename("real/a.txt", p+"/a.txt"))
-			refused("Rename out of", me.w.Rename(p+"/c1", "stolen"))
-			refused("Rename out of", me.w.Rename(p+"/skills/s.md", "stolen"))
-			refused("Remove below", me.w.Remove(p+"/c1", true))
-			refused("Remove below", me.w.Remove(p+"/skills", true))
+			refused("MakeDir", me.w.MakeDir(context.Background(), p+"/d"))
+			refused("Rename into", me.w.Rename(context.Background(), "real/a.txt", p+"/a.txt"))
+			refused("Rename out of", me.w.Rename(context.Background(), p+"/c1", "stolen"))
+			refused("Rename out of", me.w.Rename(context.Background(), p+"/skills/s.md", "stolen"))
+			refused("Remove below", me.w.Remove(context.Background(), p+"/c1", true))
+			refused("Remove below", me.w.Remove(context.Background(), p+"/skills", true))
 			if !strings.Contains(p, "/") && (p == "uploads" || p == ".resources" || p == "old") {
-				refused("Remove", me.w.Remove(p, true))
-				refused("Rename", me.w.Rename(p, "elsewhere"))
-				refused("Replace", me.w.Rename("real", p))
-				_, err := me.w.Save(ctx, p, strings.NewReader("pwned"), 0, me.user, 0)
+				refused("Remove", me.w.Remove(context.Background(), p, true))
+				refused("Rename", me.w.Rename(context.Background(), p, "elsewhere"))
+				refused("Replace", me.w.Rename(context.Background(), "real", p))
+				_, err := me.w.Save(ctx, p, strings.NewReader("pwned"), 0)
 				refused("Save over", err)
 			}
 			me.check(t, want)
@@ -123,18 +123,18 @@ func TestManagedByRealTarget(t *testing.T) {
 	// changes nothing it points to.
 	me := newManagedEnv(t)
 	want := me.trees(t)
-	if err := me.w.Rename("x", "x2"); err != nil {
+	if err := me.w.Rename(context.Background(), "x", "x2"); err != nil {
 		t.Errorf("moving the link x: %v", err)
 	}
-	if err := me.w.Remove("y", true); err != nil {
+	if err := me.w.Remove(context.Background(), "y", true); err != nil {
 		t.Errorf("removing the link y: %v", err)
 	}
-	if _, err := me.w.Save(ctx, "z", strings.NewReader("replaces the link"), 0, me.user, 0); err != nil {
+	if _, err := me.w.Save(ctx, "z", strings.NewReader("replaces the link"), 0); err != nil {
 		t.Errorf("replacing the link z: %v", err)
 	}
 	me.check(t, want)
 	// sbx's own calls still reach them.
-	if err := me.w.RemoveUpload("uploads/c1", true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	if err := me.w.RemoveUpload(context.Background(), "uploads/c1", true); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("RemoveUpload: %v", err)
 	}
 }
@@ -162,12 +162,12 @@ func FuzzManagedPaths(f *testing.F) {
 				t.Errorf("%s %q %q: internal error %v", op, p, q, err)
 			}
 		}
-		_, err := me.w.Save(ctx, p, strings.NewReader("pwned"), 1<<10, me.user, 0o644)
+		_, err := me.w.Save(ctx, p, strings.NewReader("pwned"), 1<<10)
 		check("save", err)
-		check("mkdir", me.w.MakeDir(p, me.user))
-		check("rename", me.w.Rename(p, q))
-		check("rename back", me.w.Rename(q, p))
-		check("remove", me.w.Remove(p, flags&1 != 0))
+		check("mkdir", me.w.MakeDir(context.Background(), p))
+		check("rename", me.w.Rename(context.Background(), p, q))
+		check("rename back", me.w.Rename(context.Background(), q, p))
+		check("remove", me.w.Remove(context.Background(), p, flags&1 != 0))
 		me.check(t, want)
 		me.checkOutside(t, outside)
 	})
@@ -183,10 +183,10 @@ func TestRefusedWriteMakesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []string{"uploads/c1/temparea/x", ".resources/x"} {
-		if _, err := e.w.Save(context.Background(), p, strings.NewReader("x"), 0, e.user, 0); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := e.w.Save(context.Background(), p, strings.NewReader("x"), 0); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("Save(%q) = %v, want refused", p, err)
 		}
-		if err := e.w.MakeDir(p, e.user); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if err := e.w.MakeDir(context.Background(), p); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("MakeDir(%q) = %v, want refused", p, err)
 		}
 	}

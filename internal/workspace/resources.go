@@ -119,7 +119,7 @@ func validSHA256(s string) bool {
 }
 
 // Resources returns the resources in place, sorted by name.
-func (w *Workspace) Resources() ([]Resource, error) {
+func (w *Local) Resources(ctx context.Context) ([]Resource, error) {
 	rec, ok := w.readRecord()
 	if !ok {
 		return []Resource{}, nil
@@ -131,7 +131,7 @@ func (w *Workspace) Resources() ([]Resource, error) {
 // there is none, or if ResourcesDir is not what sbx made (the sandbox
 // renamed it away and made its own), in which case nothing there can be
 // trusted.
-func (w *Workspace) readRecord() (rec []Resource, ok bool) {
+func (w *Local) readRecord() (rec []Resource, ok bool) {
 	if !w.ownedByRoot(ResourcesDir) || !w.ownedByRoot(resourcesRecord) {
 		return nil, false
 	}
@@ -158,7 +158,7 @@ func (w *Workspace) readRecord() (rec []Resource, ok bool) {
 
 // ownedByRoot says whether rel (not followed if a link) belongs to the
 // sandbox's root.
-func (w *Workspace) ownedByRoot(rel string) bool {
+func (w *Local) ownedByRoot(rel string) bool {
 	fi, err := w.root.Lstat(rel)
 	if err != nil {
 		return false
@@ -179,7 +179,7 @@ type ResourceContent func(ctx context.Context, sum string) (io.ReadCloser, int64
 // and read-only, and its content is checked against its hash on the way.
 //
 // Callers serialize SyncResources calls on one workspace.
-func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content ResourceContent) (ResourceSync, error) {
+func (w *Local) SyncResources(ctx context.Context, want []Resource, content ResourceContent) (ResourceSync, error) {
 	var res ResourceSync
 	have, ok := w.readRecord()
 	if !ok {
@@ -284,7 +284,7 @@ func (w *Workspace) SyncResources(ctx context.Context, want []Resource, content 
 }
 
 // syncFS makes everything written to the workspace's file system durable.
-func (w *Workspace) syncFS() error {
+func (w *Local) syncFS() error {
 	f, err := w.root.Open(".")
 	if err != nil {
 		return err
@@ -294,13 +294,13 @@ func (w *Workspace) syncFS() error {
 }
 
 // inPlace says whether rel is a regular file of size bytes.
-func (w *Workspace) inPlace(rel string, size int64) bool {
+func (w *Local) inPlace(rel string, size int64) bool {
 	fi, err := w.root.Lstat(rel)
 	return err == nil && fi.Mode().IsRegular() && fi.Size() == size
 }
 
 // rootDir makes rel a directory of the sandbox's root, mode 0755.
-func (w *Workspace) rootDir(rel string) error {
+func (w *Local) rootDir(rel string) error {
 	if err := w.root.Mkdir(rel, uploadsMode); err != nil && !errors.Is(err, fs.ErrExist) {
 		return classify(rel, err)
 	}
@@ -319,7 +319,7 @@ func (w *Workspace) rootDir(rel string) error {
 // and owned by the sandbox's root (save: no link followed on the way, a
 // temporary file renamed into place). Content that is not r's (a store
 // that lost or changed it) fails the sync before the rename.
-func (w *Workspace) placeResource(ctx context.Context, rel string, src io.Reader, r Resource) error {
+func (w *Local) placeResource(ctx context.Context, rel string, src io.Reader, r Resource) error {
 	_, err := w.save(ctx, rel, resourcesArea, &checkedReader{r: src, h: sha256.New(), want: r}, r.Size+1, w.owners.Root, 0o444)
 	return err
 }
@@ -348,7 +348,7 @@ func (c *checkedReader) Read(p []byte) (int, error) {
 
 // pruneDirs removes dirRel and its parents up to ResourcesDir while they
 // are empty.
-func (w *Workspace) pruneDirs(dirRel string) {
+func (w *Local) pruneDirs(dirRel string) {
 	for dirRel != ResourcesDir && strings.HasPrefix(dirRel, ResourcesDir+"/") {
 		if w.root.Remove(dirRel) != nil { // not empty (or gone)
 			return
@@ -357,7 +357,7 @@ func (w *Workspace) pruneDirs(dirRel string) {
 	}
 }
 
-func (w *Workspace) writeRecord(ctx context.Context, rec []Resource) error {
+func (w *Local) writeRecord(ctx context.Context, rec []Resource) error {
 	if rec == nil {
 		rec = []Resource{}
 	}

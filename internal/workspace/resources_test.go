@@ -112,7 +112,7 @@ func TestSyncResources(t *testing.T) {
 	if body, _ := e.resource(t, "skills/pdf/SKILL.md"); body != "# PDF skill\n" {
 		t.Fatalf("old version gone before the new one came: %q", body)
 	}
-	have, _ := e.w.Resources()
+	have, _ := e.w.Resources(context.Background())
 	if len(have) != 2 || have[1].SHA256 != skill.SHA256 {
 		t.Fatalf("record after a partial sync: %+v", have)
 	}

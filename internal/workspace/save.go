@@ -22,8 +22,7 @@ import (
 // tempPrefix starts the name of a file Save is still writing.
 const tempPrefix = ".sbx-upload-"
 
-// SavedFile describes a file Save wrote. (Not FileInfo: Open returns an
-// fs.FileInfo, and the two should not be confused.)
+// SavedFile describes a file Save wrote.
 type SavedFile struct {
 	// Path is the workspace path, cleaned.
 	Path string `json:"path"`
@@ -33,16 +32,14 @@ type SavedFile struct {
 	SHA256 string `json:"sha256"`
 }
 
-// Save streams r into the file at rel, with owner and permission bits
-// mode (0644 if zero; other bits are dropped). It never holds the content
+// Save streams r into the file at rel, the sandbox user's with mode 0644. It never holds the content
 // in memory: it writes a hidden temporary file (".sbx-upload-<random>")
 // next to the target, syncs it, gives it owner and mode and renames it
 // into place, so a reader sees the old file or the new one, never a part.
 //
 // If maxBytes > 0 and r has more, Save stops, removes the temporary file
 // and returns errdefs.ErrTooLarge naming the limit. Missing parent
-// directories are made with owner and mode plus x where mode has r, and
-// rwx for the owner (0755 for 0644, 0700 for 0600). A file, link or FIFO
+// directories are made the sandbox user's with mode 0755. A file, link or FIFO
 // at rel is replaced (a link itself, never written through); a directory
 // is errdefs.ErrInvalidArgument.
 //
@@ -53,15 +50,15 @@ type SavedFile struct {
 // In a directory the sandbox can write to, the sandbox can of course
 // replace the file again once Save is done; what is under uploads/, owned
 // by the sandbox's root, is out of its reach.
-func (w *Workspace) Save(ctx context.Context, rel string, r io.Reader, maxBytes int64, owner Owner, mode fs.FileMode) (SavedFile, error) {
-	return w.save(ctx, rel, userArea, r, maxBytes, owner, mode)
+func (w *Local) Save(ctx context.Context, rel string, r io.Reader, maxBytes int64) (SavedFile, error) {
+	return w.save(ctx, rel, userArea, r, maxBytes, w.owners.User, 0o644)
 }
 
 // SaveUpload saves a file a user uploaded in conversation cid, at rel in
 // the conversation's temp area (ConversationDir), owned by the sandbox's
 // root with mode 0644: code can read it but not change it. The returned
 // path is the workspace path. Otherwise as Save.
-func (w *Workspace) SaveUpload(ctx context.Context, cid, rel string, r io.Reader, maxBytes int64) (SavedFile, error) {
+func (w *Local) SaveUpload(ctx context.Context, cid, rel string, r io.Reader, maxBytes int64) (SavedFile, error) {
 	if !ValidID(cid) {
 		return SavedFile{}, fmt.Errorf("conversation id %s: want 1-128 of [A-Za-z0-9._-], not starting with . _ - and without \"..\": %w", quote(cid), errdefs.ErrInvalidArgument)
 	}
@@ -75,7 +72,7 @@ func (w *Workspace) SaveUpload(ctx context.Context, cid, rel string, r io.Reader
 	return w.save(ctx, path.Join(ConversationDir(cid), rel), uploadsArea, r, maxBytes, w.owners.Root, 0o644)
 }
 
-func (w *Workspace) save(ctx context.Context, rel string, a area, r io.Reader, maxBytes int64, owner Owner, mode fs.FileMode) (SavedFile, error) {
+func (w *Local) save(ctx context.Context, rel string, a area, r io.Reader, maxBytes int64, owner Owner, mode fs.FileMode) (SavedFile, error) {
 	rel, err := CleanPath(rel)
 	if err != nil {
 		return SavedFile{}, err

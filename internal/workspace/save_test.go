@@ -37,7 +37,7 @@ func TestSave(t *testing.T) {
 	content := strings.Repeat("0123456789", 100_000)
 	sum := sha256.Sum256([]byte(content))
 
-	got, err := e.w.Save(ctx, "./out//data.csv", strings.NewReader(content), int64(len(content)), e.user, 0)
+	got, err := e.w.Save(ctx, "./out//data.csv", strings.NewReader(content), int64(len(content)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,14 +66,14 @@ func TestSave(t *testing.T) {
 		{"dotdot", "../s2/x", errdefs.ErrInvalidArgument, `".."`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := e.w.Save(ctx, tc.path, strings.NewReader("x"), 0, e.user, 0)
+			_, err := e.w.Save(ctx, tc.path, strings.NewReader("x"), 0)
 			if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.msg) {
 				t.Errorf("Save(%q) = %v, want %v saying %q", tc.path, err, tc.err, tc.msg)
 			}
 		})
 	}
 	t.Run("link to directory is replaced", func(t *testing.T) {
-		if _, err := e.w.Save(ctx, "inlink", strings.NewReader("x"), 0, e.user, 0); err != nil {
+		if _, err := e.w.Save(ctx, "inlink", strings.NewReader("x"), 0); err != nil {
 			t.Fatal(err)
 		}
 		if fi, err := os.Lstat(filepath.Join(e.w.Dir(), "inlink")); err != nil || !fi.Mode().IsRegular() {
@@ -107,7 +107,7 @@ func TestSaveLimit(t *testing.T) {
 			target := filepath.Join(e.w.Dir(), "dir", "f")
 			mustMkdir(t, filepath.Dir(target))
 			mustWrite(t, target, "old")
-			_, err := e.w.Save(ctx, "dir/f", bytes.NewReader(make([]byte, tc.size)), tc.max, e.user, 0)
+			_, err := e.w.Save(ctx, "dir/f", bytes.NewReader(make([]byte, tc.size)), tc.max)
 			if tc.err == nil {
 				if err != nil {
 					t.Fatal(err)
@@ -155,10 +155,10 @@ func TestSaveAborted(t *testing.T) {
 	e := newEnv(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if _, err := e.w.Save(ctx, "a/f", &cancelReader{cancel: cancel}, 0, e.user, 0); !errors.Is(err, context.Canceled) {
+	if _, err := e.w.Save(ctx, "a/f", &cancelReader{cancel: cancel}, 0); !errors.Is(err, context.Canceled) {
 		t.Errorf("Save = %v, want context.Canceled", err)
 	}
-	_, err := e.w.Save(context.Background(), "a/f", io.MultiReader(strings.NewReader("part"), errReader{}), 0, e.user, 0)
+	_, err := e.w.Save(context.Background(), "a/f", io.MultiReader(strings.NewReader("part"), errReader{}), 0)
 	if err == nil || !strings.Contains(err.Error(), "reading the upload: client went away") {
 		t.Errorf("Save of a failing reader = %v", err)
 	}
@@ -177,7 +177,7 @@ func TestSaveAtomic(t *testing.T) {
 	e := newEnv(t)
 	const size = 256 << 10
 	versions := [][]byte{bytes.Repeat([]byte{'a'}, size), bytes.Repeat([]byte{'b'}, size)}
-	if _, err := e.w.Save(ctx, "f", bytes.NewReader(versions[0]), 0, e.user, 0); err != nil {
+	if _, err := e.w.Save(ctx, "f", bytes.NewReader(versions[0]), 0); err != nil {
 		t.Fatal(err)
 	}
 	stop := make(chan struct{})
@@ -193,7 +193,7 @@ func TestSaveAtomic(t *testing.T) {
 				return
 			default:
 			}
-			f, _, err := e.w.Open("f")
+			f, err := e.w.Open(context.Background(), "f")
 			if err != nil {
 				bad = append(bad, err.Error())
 				continue
@@ -207,7 +207,7 @@ func TestSaveAtomic(t *testing.T) {
 		}
 	}()
 	for i := range 200 {
-		if _, err := e.w.Save(ctx, "f", bytes.NewReader(versions[i%2]), 0, e.user, 0); err != nil {
+		if _, err := e.w.Save(ctx, "f", bytes.NewReader(versions[i%2]), 0); err != nil {
 			t.Error(err)
 			break
 		}

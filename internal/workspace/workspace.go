@@ -15,6 +15,7 @@
 package workspace
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,9 +42,9 @@ type Owners struct {
 	User Owner
 }
 
-// Workspace is one session's workspace directory. Its methods are safe for
+// Local is one session's workspace directory on this host. Its methods are safe for
 // concurrent use.
-type Workspace struct {
+type Local struct {
 	dir    string
 	root   *os.Root
 	owners Owners
@@ -65,7 +66,7 @@ const (
 // "uploads" away and make its own; Save then writes into that, inside the
 // workspace still. Call Create again (on every sandbox start, say) to put
 // a root-owned one back.
-func Create(dir string, owners Owners) (*Workspace, error) {
+func Create(dir string, owners Owners) (*Local, error) {
 	dir, err := hostDir(dir)
 	if err != nil {
 		return nil, err
@@ -83,7 +84,7 @@ func Create(dir string, owners Owners) (*Workspace, error) {
 
 // Init makes dir, a new directory that the caller made (with a disk quota,
 // say), a workspace as Create would have made it, and opens it.
-func Init(dir string, owners Owners) (*Workspace, error) {
+func Init(dir string, owners Owners) (*Local, error) {
 	// The ids are the sandbox's; the mode is set here, past any umask.
 	if err := os.Chmod(dir, dirMode); err != nil {
 		return nil, fmt.Errorf("workspace %q: %w", dir, err)
@@ -96,7 +97,7 @@ func Init(dir string, owners Owners) (*Workspace, error) {
 
 // openWithUploads opens the workspace at dir and makes sure it has its
 // uploads directory.
-func openWithUploads(dir string, owners Owners) (*Workspace, error) {
+func openWithUploads(dir string, owners Owners) (*Local, error) {
 	w, err := Open(dir, owners)
 	if err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func openWithUploads(dir string, owners Owners) (*Workspace, error) {
 
 // Open opens the existing workspace at dir; errdefs.ErrNotFound if there
 // is none.
-func Open(dir string, owners Owners) (*Workspace, error) {
+func Open(dir string, owners Owners) (*Local, error) {
 	dir, err := hostDir(dir)
 	if err != nil {
 		return nil, err
@@ -122,7 +123,7 @@ func Open(dir string, owners Owners) (*Workspace, error) {
 		}
 		return nil, fmt.Errorf("workspace %q: %w", dir, err)
 	}
-	return &Workspace{dir: dir, root: root, owners: owners}, nil
+	return &Local{dir: dir, root: root, owners: owners}, nil
 }
 
 // hostDir checks the host path of a workspace: it is trusted (the server
@@ -139,7 +140,7 @@ func hostDir(dir string) (string, error) {
 }
 
 // ensureUploads makes "uploads" a directory of the sandbox's root.
-func (w *Workspace) ensureUploads() error {
+func (w *Local) ensureUploads() error {
 	fi, err := w.root.Lstat(uploadsDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -168,12 +169,12 @@ func (w *Workspace) ensureUploads() error {
 }
 
 // Close releases the workspace's directory descriptor. The files stay.
-func (w *Workspace) Close() error {
+func (w *Local) Close() error {
 	return w.root.Close()
 }
 
 // Dir returns the workspace's host directory.
-func (w *Workspace) Dir() string {
+func (w *Local) Dir() string {
 	return w.dir
 }
 
@@ -181,7 +182,7 @@ func (w *Workspace) Dir() string {
 // in it (the session is gone). Links planted inside are removed, never
 // followed. Stop the sandbox first: files it keeps writing can make the
 // removal fail.
-func (w *Workspace) Destroy() error {
+func (w *Local) Destroy() error {
 	w.root.Close()
 	parent, err := os.OpenRoot(filepath.Dir(w.dir))
 	if err != nil {
@@ -204,26 +205,26 @@ func (w *Workspace) Destroy() error {
 // the workspace are followed. Directories, FIFOs, sockets and devices are
 // errdefs.ErrInvalidArgument; a FIFO is opened non-blocking, so that no
 // writer is waited for.
-func (w *Workspace) Open(rel string) (*os.File, fs.FileInfo, error) {
+func (w *Local) Open(ctx context.Context, rel string) (File, error) {
 	rel, err := CleanPath(rel)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	// Refuse what is not a regular file before opening it: opening has
 	// side effects on some special files.
 	fi, err := w.root.Stat(rel)
 	if err != nil {
-		return nil, nil, classify(rel, err)
+		return nil, classify(rel, err)
 	}
 	if err := regular(rel, fi); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	// It may have been swapped for a FIFO since: O_NONBLOCK keeps the open
 	// from waiting for a writer, and the descriptor is checked again. On a
 	// regular file O_NONBLOCK changes nothing.
 	f, err := w.root.OpenFile(rel, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
-		return nil, nil, classify(rel, err)
+		return nil, classify(rel, err)
 	}
 	fi, err = f.Stat()
 	if err == nil {
@@ -231,10 +232,18 @@ func (w *Workspace) Open(rel string) (*os.File, fs.FileInfo, error) {
 	}
 	if err != nil {
 		f.Close()
-		return nil, nil, err
+		return nil, err
 	}
-	return f, fi, nil
+	return &localFile{File: f, info: w.newEntry(rel, fi)}, nil
 }
+
+// localFile is a Local's File: the descriptor, and what it was opened as.
+type localFile struct {
+	*os.File
+	info Entry
+}
+
+func (f *localFile) Info() Entry { return f.info }
 
 func regular(rel string, fi fs.FileInfo) error {
 	switch {
@@ -251,17 +260,17 @@ func regular(rel string, fi fs.FileInfo) error {
 // it, only if recursive is set. errdefs.ErrNotFound if there is nothing at
 // rel. Like Save, it follows no link on the way and refuses what sbx
 // manages.
-func (w *Workspace) Remove(rel string, recursive bool) error {
+func (w *Local) Remove(ctx context.Context, rel string, recursive bool) error {
 	return w.remove(rel, userArea, recursive)
 }
 
 // RemoveUpload removes a conversation's upload, or a directory of them,
 // at rel below uploads/ (the workspace path SaveUpload returned).
-func (w *Workspace) RemoveUpload(rel string, recursive bool) error {
+func (w *Local) RemoveUpload(ctx context.Context, rel string, recursive bool) error {
 	return w.remove(rel, uploadsArea, recursive)
 }
 
-func (w *Workspace) remove(rel string, a area, recursive bool) error {
+func (w *Local) remove(rel string, a area, recursive bool) error {
 	rel, err := CleanPath(rel)
 	if err != nil {
 		return err
@@ -299,7 +308,7 @@ func (w *Workspace) remove(rel string, a area, recursive bool) error {
 
 // RemoveConversation deletes everything kept for conversation cid
 // (uploads/<cid>). It is not an error if there is nothing.
-func (w *Workspace) RemoveConversation(cid string) error {
+func (w *Local) RemoveConversation(ctx context.Context, cid string) error {
 	if !ValidID(cid) {
 		return fmt.Errorf("conversation id %s: want 1-128 of [A-Za-z0-9._-], not starting with . _ - and without \"..\": %w", quote(cid), errdefs.ErrInvalidArgument)
 	}

@@ -26,7 +26,7 @@ func TestEscapeIsInvalidArgument(t *testing.T) {
 			if !isEscape(err) {
 				t.Fatalf("Root.Stat(%q) = %v, not the escape error", name, err)
 			}
-			if _, _, err := e.w.Open(name); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if _, err := e.w.Open(context.Background(), name); !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Fatalf("Open(%q) = %v, want ErrInvalidArgument", name, err)
 			}
 		})
@@ -39,23 +39,23 @@ func TestEscapeIsInvalidArgument(t *testing.T) {
 func TestEscapes(t *testing.T) {
 	type op struct {
 		name string
-		do   func(w *Workspace, p string) error
+		do   func(w *Local, p string) error
 	}
-	save := op{"save", func(w *Workspace, p string) error {
-		_, err := w.Save(context.Background(), p, strings.NewReader("pwned"), 0, testOwners().User, 0o644)
+	save := op{"save", func(w *Local, p string) error {
+		_, err := w.Save(context.Background(), p, strings.NewReader("pwned"), 0)
 		return err
 	}}
-	open := op{"open", func(w *Workspace, p string) error {
-		f, _, err := w.Open(p)
+	open := op{"open", func(w *Local, p string) error {
+		f, err := w.Open(context.Background(), p)
 		if err == nil {
 			f.Close()
 		}
 		return err
 	}}
-	list := op{"list", func(w *Workspace, p string) error { _, _, err := w.List(p, false, 0); return err }}
-	listR := op{"list recursive", func(w *Workspace, p string) error { _, _, err := w.List(p, true, 0); return err }}
-	remove := op{"remove", func(w *Workspace, p string) error { return w.Remove(p, false) }}
-	removeR := op{"remove recursive", func(w *Workspace, p string) error { return w.Remove(p, true) }}
+	list := op{"list", func(w *Local, p string) error { _, _, err := w.List(context.Background(), p, false, 0); return err }}
+	listR := op{"list recursive", func(w *Local, p string) error { _, _, err := w.List(context.Background(), p, true, 0); return err }}
+	remove := op{"remove", func(w *Local, p string) error { return w.Remove(context.Background(), p, false) }}
+	removeR := op{"remove recursive", func(w *Local, p string) error { return w.Remove(context.Background(), p, true) }}
 	all := []op{save, open, list, listR, remove, removeR}
 
 	cases := []struct {
@@ -129,23 +129,23 @@ func TestInsideLinks(t *testing.T) {
 	e.plant(t)
 	ctx := context.Background()
 
-	f, fi, err := e.w.Open("infile")
+	f, err := e.w.Open(context.Background(), "infile")
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(f)
 	f.Close()
-	if string(b) != "a" || fi.Size() != 1 {
-		t.Errorf("Open(infile) = %q, size %d", b, fi.Size())
+	if string(b) != "a" || f.Info().Size != 1 {
+		t.Errorf("Open(infile) = %q, size %d", b, f.Info().Size)
 	}
 	// A write is different: it names the real path (resolve.go).
-	if _, err := e.w.Save(ctx, "nested/back/new.txt", strings.NewReader("via link"), 0, e.user, 0); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "symbolic link") {
+	if _, err := e.w.Save(ctx, "nested/back/new.txt", strings.NewReader("via link"), 0); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "symbolic link") {
 		t.Errorf("Save through nested/back = %v, want refused as a link", err)
 	}
 	if _, err := os.Lstat(filepath.Join(e.w.Dir(), "real", "new.txt")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("saved through nested/back: %v", err)
 	}
-	ents, _, err := e.w.List("inlink", false, 0)
+	ents, _, err := e.w.List(context.Background(), "inlink", false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,7 +171,7 @@ func TestFIFO(t *testing.T) {
 
 	for _, p := range []string{"fifo", "tofifo"} {
 		t.Run("open "+p, func(t *testing.T) {
-			f, _, err := e.w.Open(p)
+			f, err := e.w.Open(context.Background(), p)
 			if err == nil {
 				f.Close()
 			}
@@ -181,17 +181,17 @@ func TestFIFO(t *testing.T) {
 		})
 	}
 	t.Run("save under", func(t *testing.T) {
-		_, err := e.w.Save(ctx, "fifo/x", strings.NewReader("x"), 0, e.user, 0)
+		_, err := e.w.Save(ctx, "fifo/x", strings.NewReader("x"), 0)
 		if !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Fatalf("Save(fifo/x) = %v, want ErrInvalidArgument", err)
 		}
 	})
 	t.Run("list", func(t *testing.T) {
-		ents, _, err := e.w.List("fifo", false, 0)
+		ents, _, err := e.w.List(context.Background(), "fifo", false, 0)
 		if err != nil || len(ents) != 1 || ents[0].Type != "other" {
 			t.Fatalf("List(fifo) = %v, %v", ents, err)
 		}
-		if _, _, err := e.w.List("fifo/x", false, 0); !errors.Is(err, errdefs.ErrNotFound) {
+		if _, _, err := e.w.List(context.Background(), "fifo/x", false, 0); !errors.Is(err, errdefs.ErrNotFound) {
 			t.Fatalf("List(fifo/x) = %v, want ErrNotFound", err)
 		}
 	})
@@ -201,7 +201,7 @@ func TestFIFO(t *testing.T) {
 		}
 	})
 	t.Run("save over", func(t *testing.T) {
-		if _, err := e.w.Save(ctx, "fifo", strings.NewReader("now a file"), 0, e.user, 0); err != nil {
+		if _, err := e.w.Save(ctx, "fifo", strings.NewReader("now a file"), 0); err != nil {
 			t.Fatal(err)
 		}
 		if got := mustRead(t, filepath.Join(e.w.Dir(), "fifo")); got != "now a file" {
@@ -229,14 +229,14 @@ func TestOpen(t *testing.T) {
 		{e.w.Dir() + "/real/a.txt", errdefs.ErrInvalidArgument, "must be relative"},
 	} {
 		t.Run(tc.path, func(t *testing.T) {
-			f, fi, err := e.w.Open(tc.path)
+			f, err := e.w.Open(context.Background(), tc.path)
 			if tc.err == nil {
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer f.Close()
-				if b, _ := io.ReadAll(f); string(b) != "a" || !fi.Mode().IsRegular() {
-					t.Errorf("read %q, mode %v", b, fi.Mode())
+				if b, _ := io.ReadAll(f); string(b) != "a" || f.Info().Type != "file" {
+					t.Errorf("read %q, type %v", b, f.Info().Type)
 				}
 				return
 			}
@@ -274,7 +274,7 @@ func TestRemove(t *testing.T) {
 		t.Run(tc.path, func(t *testing.T) {
 			e := newEnv(t)
 			e.plant(t)
-			err := e.w.Remove(tc.path, tc.recursive)
+			err := e.w.Remove(context.Background(), tc.path, tc.recursive)
 			if tc.err == nil && err != nil || tc.err != nil && !errors.Is(err, tc.err) {
 				t.Fatalf("Remove(%q, %v) = %v, want %v", tc.path, tc.recursive, err, tc.err)
 			}
@@ -300,7 +300,7 @@ func TestRemoveConversation(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := e.w.RemoveConversation("c1"); err != nil {
+	if err := e.w.RemoveConversation(context.Background(), "c1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(filepath.Join(e.w.Dir(), "uploads", "c1")); !errors.Is(err, fs.ErrNotExist) {
@@ -309,12 +309,12 @@ func TestRemoveConversation(t *testing.T) {
 	if got := mustRead(t, filepath.Join(e.w.Dir(), "uploads", "c2", "temparea", "doc.pdf")); got != "c2" {
 		t.Errorf("c2's upload: %q", got)
 	}
-	if err := e.w.RemoveConversation("c1"); err != nil {
+	if err := e.w.RemoveConversation(context.Background(), "c1"); err != nil {
 		t.Errorf("second removal: %v", err)
 	}
 	for _, bad := range []string{"", "..", "../s1", "a/b", ".x", "c1\x00"} {
 		t.Run(bad, func(t *testing.T) {
-			if err := e.w.RemoveConversation(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if err := e.w.RemoveConversation(context.Background(), bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
 				t.Errorf("RemoveConversation(%q) = %v, want ErrInvalidArgument", bad, err)
 			}
 		})
@@ -386,7 +386,7 @@ func TestOwners(t *testing.T) {
 		check(t, "uploads", owners.Root, fs.ModeDir|0o755)
 	})
 	t.Run("user file", func(t *testing.T) {
-		if _, err := e.w.Save(ctx, "x/y/z.txt", strings.NewReader("z"), 0, owners.User, 0o640); err != nil {
+		if _, err := e.w.save(ctx, "x/y/z.txt", userArea, strings.NewReader("z"), 0, owners.User, 0o640); err != nil {
 			t.Fatal(err)
 		}
 		check(t, "x", owners.User, fs.ModeDir|0o750)
@@ -407,7 +407,7 @@ func TestOwners(t *testing.T) {
 		if err := os.Chown(filepath.Join(d, "mine"), 4242, 4242); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := e.w.Save(ctx, "mine/f", strings.NewReader("f"), 0, owners.Root, 0o600|fs.ModeSetuid); err != nil {
+		if _, err := e.w.save(ctx, "mine/f", userArea, strings.NewReader("f"), 0, owners.Root, 0o600|fs.ModeSetuid); err != nil {
 			t.Fatal(err)
 		}
 		check(t, "mine", Owner{4242, 4242}, fs.ModeDir|0o755)
