@@ -97,6 +97,9 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true, // a local socket; gzip would only cost CPU
+		// The executor's headers are a few fields; a file's description
+		// (wire.FilesEntryHeader) is the largest.
+		MaxResponseHeaderBytes: 4*wire.MaxEntryJSON/3 + 16<<10,
 	}
 	return &Client{tr: tr, http: &http.Client{Transport: tr}}
 }
@@ -131,6 +134,8 @@ func (e *APIError) Unwrap() error {
 	switch e.Code {
 	case "invalid_argument":
 		return errdefs.ErrInvalidArgument
+	case "too_large":
+		return errdefs.ErrTooLarge
 	case "not_found":
 		return errdefs.ErrNotFound
 	case "already_exists":
