@@ -56,46 +56,16 @@ const archiveArea area = "*"
 func (w *Local) Export(ctx context.Context, out io.Writer) error {
 	tw := tar.NewWriter(out)
 	x := exporter{ctx: ctx, w: w, tw: tw}
-	if err := x.dir("."); err != nil {
+	if err := w.walk(ctx, x.entry); err != nil {
 		return err
 	}
 	return tw.Close()
 }
 
 type exporter struct {
-	ctx     context.Context
-	w       *Local
-	tw      *tar.Writer
-	entries int
-}
-
-// dir writes the entries of dir, depth first, in name order within each
-// batch of a directory's entries.
-func (x *exporter) dir(dir string) error {
-	var walkErr error
-	_, err := x.w.readDir(dir, func(fi fs.FileInfo) bool {
-		if walkErr = x.ctx.Err(); walkErr != nil {
-			return false
-		}
-		if x.entries++; x.entries > MaxArchiveEntries {
-			walkErr = fmt.Errorf("workspace has more than %d files and directories: %w", MaxArchiveEntries, errdefs.ErrResourceExhausted)
-			return false
-		}
-		p := join(dir, fi.Name())
-		if len(p) >= MaxPathLen {
-			walkErr = fmt.Errorf("workspace has paths longer than %d bytes: %w", MaxPathLen, errdefs.ErrResourceExhausted)
-			return false
-		}
-		walkErr = x.entry(p, fi)
-		return walkErr == nil
-	})
-	if walkErr != nil {
-		return walkErr
-	}
-	if err != nil && (dir == "." || !gone(err)) {
-		return fmt.Errorf("path %s: %w", quote(dir), err)
-	}
-	return nil
+	ctx context.Context
+	w   *Local
+	tw  *tar.Writer
 }
 
 func (x *exporter) header(p string, fi fs.FileInfo) *tar.Header {
@@ -114,10 +84,7 @@ func (x *exporter) entry(p string, fi fs.FileInfo) error {
 	case m.IsDir():
 		h := x.header(p+"/", fi)
 		h.Typeflag, h.ModTime = tar.TypeDir, time.Time{}
-		if err := x.tw.WriteHeader(h); err != nil {
-			return err
-		}
-		return x.dir(p)
+		return x.tw.WriteHeader(h)
 	case m&fs.ModeSymlink != 0:
 		target, err := x.w.root.Readlink(p)
 		if err != nil {

@@ -204,53 +204,55 @@ func comparePaths(a, b string) int {
 // entries or a path longer than MaxPathLen; a workspace that big is over
 // any quota sbx sets.
 func (w *Local) Usage(ctx context.Context) (bytes int64, files int, err error) {
-	u := usage{ctx: ctx}
-	if err := w.usage(&u, "."); err != nil {
-		return u.bytes, u.files, err
-	}
-	return u.bytes, u.files, nil
-}
-
-type usage struct {
-	ctx     context.Context
-	bytes   int64
-	files   int
-	entries int
-}
-
-// usage walks dir depth first, holding one descriptor per level (at most
-// MaxPathLen/2 of them) and one batch of entries per level.
-func (w *Local) usage(u *usage, dir string) error {
-	var walkErr error
-	_, err := w.readDir(dir, func(fi fs.FileInfo) bool {
-		if walkErr = u.ctx.Err(); walkErr != nil {
-			return false
-		}
-		u.entries++
-		if u.entries > maxUsageEntries {
-			walkErr = fmt.Errorf("workspace has more than %d files and directories: %w", maxUsageEntries, errdefs.ErrResourceExhausted)
-			return false
-		}
+	err = w.walk(ctx, func(_ string, fi fs.FileInfo) error {
 		if !fi.IsDir() {
-			u.files++
+			files++
 			if fi.Mode().IsRegular() {
-				u.bytes += fi.Size()
+				bytes += fi.Size()
 			}
-			return true
 		}
-		p := join(dir, fi.Name())
-		if len(p) >= MaxPathLen {
-			walkErr = fmt.Errorf("workspace has paths longer than %d bytes: %w", MaxPathLen, errdefs.ErrResourceExhausted)
-			return false
-		}
-		walkErr = w.usage(u, p)
-		return walkErr == nil
+		return nil
 	})
-	if walkErr != nil {
-		return walkErr
+	return bytes, files, err
+}
+
+// walk calls fn for every entry of the workspace but the top, depth
+// first, a directory before what is in it, holding one descriptor per
+// level (at most MaxPathLen/2 of them) and one batch of entries per
+// level; links are not followed. It stops with errdefs.ErrResourceExhausted
+// past maxUsageEntries entries or at a path of MaxPathLen bytes. A
+// directory that vanishes or changes type during the walk is skipped: the
+// sandbox changes the tree as it likes.
+func (w *Local) walk(ctx context.Context, fn func(p string, fi fs.FileInfo) error) error {
+	entries := 0
+	var walkDir func(dir string) error
+	walkDir = func(dir string) error {
+		var walkErr error
+		_, err := w.readDir(dir, func(fi fs.FileInfo) bool {
+			if walkErr = ctx.Err(); walkErr != nil {
+				return false
+			}
+			if entries++; entries > maxUsageEntries {
+				walkErr = fmt.Errorf("workspace has more than %d files and directories: %w", maxUsageEntries, errdefs.ErrResourceExhausted)
+				return false
+			}
+			p := join(dir, fi.Name())
+			if len(p) >= MaxPathLen {
+				walkErr = fmt.Errorf("workspace has paths longer than %d bytes: %w", MaxPathLen, errdefs.ErrResourceExhausted)
+				return false
+			}
+			if walkErr = fn(p, fi); walkErr == nil && fi.IsDir() {
+				walkErr = walkDir(p)
+			}
+			return walkErr == nil
+		})
+		if walkErr != nil {
+			return walkErr
+		}
+		if err != nil && (dir == "." || !gone(err)) {
+			return fmt.Errorf("path %s: %w", quote(dir), err)
+		}
+		return nil
 	}
-	if err != nil && (dir == "." || !gone(err)) {
-		return fmt.Errorf("path %s: %w", quote(dir), err)
-	}
-	return nil
+	return walkDir(".")
 }
