@@ -74,11 +74,15 @@ type boundedReader struct {
 	r    io.Reader
 	n    int64
 	what string
+	max  int64 // the bound, for the message (maxSmallResponse if 0)
 }
 
 func (b *boundedReader) Read(p []byte) (int, error) {
 	if b.n <= 0 {
-		return 0, fmt.Errorf("%w: %s is larger than %d bytes", ErrBadResponse, b.what, maxSmallResponse)
+		if b.max == 0 {
+			b.max = maxSmallResponse
+		}
+		return 0, fmt.Errorf("%w: %s is larger than %d bytes", ErrBadResponse, b.what, b.max)
 	}
 	if int64(len(p)) > b.n {
 		p = p[:b.n]

@@ -107,7 +107,7 @@ func errorResponse(resp *http.Response) error {
 // end of the body.
 func decode(resp *http.Response, route string, max int64, out any) error {
 	defer resp.Body.Close()
-	body := &boundedReader{r: resp.Body, n: max, what: "the answer to " + route}
+	body := &boundedReader{r: resp.Body, n: max, max: max, what: "the answer to " + route}
 	if err := json.NewDecoder(body).Decode(out); err != nil {
 		if errors.Is(err, ErrBadResponse) {
 			return fmt.Errorf("executor %s: %w", route, err)
@@ -488,7 +488,7 @@ func (w *Workspace) Export(ctx context.Context, out io.Writer) error {
 	defer resp.Body.Close()
 	var src io.Reader = resp.Body
 	if w.maxArchive > 0 {
-		src = &boundedReader{r: src, n: w.maxArchive, what: "the archive"}
+		src = &boundedReader{r: src, n: w.maxArchive, max: w.maxArchive, what: "the archive"}
 	}
 	tee := &teeReader{r: src, w: out}
 	tr := tar.NewReader(tee)

@@ -63,7 +63,7 @@ type remoteFile struct {
 func (f *remoteFile) describe(resp *http.Response) error {
 	raw := resp.Header.Get(wire.FilesEntryHeader)
 	b, err := base64.RawURLEncoding.DecodeString(raw)
-	if err != nil || len(b) > wire.MaxEntryJSON {
+	if raw == "" || err != nil || len(b) > wire.MaxEntryJSON {
 		return bad(wire.FilesContent, "no description of the file (%d bytes of %s)", len(raw), wire.FilesEntryHeader)
 	}
 	if err := json.Unmarshal(b, &f.info); err != nil {
