@@ -157,7 +157,9 @@ func readEnvFile(path string) (map[string]string, error) {
 const ownCaps = 1<<unix.CAP_KILL | 1<<unix.CAP_DAC_READ_SEARCH
 
 // narrowCapabilities leaves only ownCaps effective, in every thread. The
-// rest stay permitted, for the zygote alone: it is exec'd as root, under
+// rest stay permitted: CHOWN, DAC_OVERRIDE and FOWNER for the file
+// routes, which make them effective on their own thread for a call
+// (internal/executor/filecaps.go); the others for the zygote alone: it is exec'd as root, under
 // no_new_privs, so it gets the permitted set and no more, and it needs it
 // to give each execution its own namespaces and to drop to the sandbox
 // user. What this process does with paths a sandbox controls (the

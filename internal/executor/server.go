@@ -29,6 +29,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // Version is the executor's version, reported by /health. Release builds
@@ -159,6 +160,8 @@ type Server struct {
 	zyg        *zygote       // nil while none is running
 	zygChanged chan struct{} // closed and replaced whenever zyg changes
 	zygErr     error         // why the last zygote died or failed to start
+
+	ws *workspace.Local // the file routes' workspace, opened on first use
 }
 
 var errShuttingDown = errors.New("the executor is shutting down")
@@ -289,6 +292,12 @@ func (s *Server) shutdown(hs *http.Server) {
 	for _, pc := range contexts {
 		pc.destroy()
 	}
+	s.mu.Lock()
+	if s.ws != nil {
+		s.ws.Close()
+		s.ws = nil
+	}
+	s.mu.Unlock()
 	s.log.Info("executor stopped")
 }
 
@@ -302,6 +311,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("GET /stats", s.handleStats)
 	mux.HandleFunc("DELETE /contexts/{id}", s.handleDeleteContext)
 	mux.HandleFunc("DELETE /conversations/{id}", s.handleDeleteConversation)
+	mux.Handle("/files/", s.filesHandler())
 	// Everything else, in the same error format as the rest.
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		switch p := r.URL.Path; {
@@ -542,6 +552,8 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, err error) {
 	status, code := http.StatusInternalServerError, "internal"
 	switch {
+	case errors.Is(err, errdefs.ErrTooLarge):
+		status, code = http.StatusRequestEntityTooLarge, "too_large"
 	case errors.Is(err, errdefs.ErrInvalidArgument):
 		status, code = http.StatusBadRequest, "invalid_argument"
 	case errors.Is(err, errdefs.ErrNotFound):

@@ -168,7 +168,12 @@ func shimMain(args []string) int {
 	// Not the zygote's to inherit.
 	unix.CloseOnExec(4)
 	status := os.NewFile(4, "shim-status")
-	ws, err := shim(cfg, status)
+	ws, err := func() (unix.WaitStatus, error) {
+		if err := dropFileCaps(); err != nil {
+			return 0, err
+		}
+		return shim(cfg, status)
+	}()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sbx-executor zygote shim:", err)
 		b, _ := json.Marshal(shimStatus{Error: err.Error()})
@@ -533,6 +538,36 @@ func dropInheritable() error {
 	}
 	data[0].Inheritable, data[1].Inheritable = 0, 0
 	if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capset: %w", e)
+	}
+	return nil
+}
+
+// dropFileCaps gives up, in every thread, the capabilities the executor
+// holds for its file routes alone (fileCaps): the shim writes no file of
+// the workspace.
+func dropFileCaps() error {
+	for c := 0; c < 32; c++ {
+		if fileCaps&(1<<c) == 0 {
+			continue
+		}
+		_, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0)
+		if e == syscall.ENOTSUP {
+			return nil // a test binary built with cgo (-race): the host's root anyway
+		}
+		if e != 0 && e != unix.EINVAL {
+			return fmt.Errorf("PR_CAPBSET_DROP %d: %w", c, e)
+		}
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	data[0].Effective &^= fileCaps
+	data[0].Permitted &^= fileCaps
+	data[0].Inheritable &^= fileCaps
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
 		return fmt.Errorf("capset: %w", e)
 	}
 	return nil

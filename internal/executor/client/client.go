@@ -74,11 +74,15 @@ type boundedReader struct {
 	r    io.Reader
 	n    int64
 	what string
+	max  int64 // the bound, for the message (maxSmallResponse if 0)
 }
 
 func (b *boundedReader) Read(p []byte) (int, error) {
 	if b.n <= 0 {
-		return 0, fmt.Errorf("%w: %s is larger than %d bytes", ErrBadResponse, b.what, maxSmallResponse)
+		if b.max == 0 {
+			b.max = maxSmallResponse
+		}
+		return 0, fmt.Errorf("%w: %s is larger than %d bytes", ErrBadResponse, b.what, b.max)
 	}
 	if int64(len(p)) > b.n {
 		p = p[:b.n]
@@ -97,6 +101,9 @@ func NewClient(dial func(ctx context.Context) (net.Conn, error)) *Client {
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true, // a local socket; gzip would only cost CPU
+		// The executor's headers are a few fields; a file's description
+		// (wire.FilesEntryHeader) is the largest.
+		MaxResponseHeaderBytes: 4*wire.MaxEntryJSON/3 + 16<<10,
 	}
 	return &Client{tr: tr, http: &http.Client{Transport: tr}}
 }
@@ -131,6 +138,8 @@ func (e *APIError) Unwrap() error {
 	switch e.Code {
 	case "invalid_argument":
 		return errdefs.ErrInvalidArgument
+	case "too_large":
+		return errdefs.ErrTooLarge
 	case "not_found":
 		return errdefs.ErrNotFound
 	case "already_exists":

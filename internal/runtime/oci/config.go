@@ -29,16 +29,20 @@ const sandboxUID = 1000
 // executorCaps are what the executor keeps inside the sandbox's own user
 // namespace: enough to give each execution its own PID and mount namespace
 // and to drop to sandboxUID (SYS_ADMIN, SETUID, SETGID, SETPCAP), to read
-// the workspace for the artifact list (DAC_READ_SEARCH) and to kill user
-// code (KILL). Nothing that writes files it does not own: CHOWN, FOWNER
-// and DAC_OVERRIDE went when nothing turned out to need them. They mean
+// the workspace for the artifact list (DAC_READ_SEARCH), to kill user
+// code (KILL), and to serve the workspace's files as the sandbox's root
+// (CHOWN, DAC_OVERRIDE, FOWNER: the file routes write in the user's
+// directories and give the files they write to the user). They mean
 // nothing outside that namespace, and user code never has any of them
 // (the executor clears every set, the bounding set included, before it
 // runs user code). The executor itself leaves only KILL and
-// DAC_READ_SEARCH effective (cmd/sbx-executor); the rest are for the
-// zygote, whose workers make the namespaces.
+// DAC_READ_SEARCH effective (cmd/sbx-executor), and makes CHOWN,
+// DAC_OVERRIDE and FOWNER effective only on the thread of a file call
+// (internal/executor/filecaps.go); the shim gives those three up at once;
+// the rest are for the zygote, whose workers make the namespaces.
 var executorCaps = []string{
-	"CAP_DAC_READ_SEARCH", "CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_SYS_ADMIN",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_KILL",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_SYS_ADMIN",
 }
 
 // maskedPaths and readonlyPaths are the usual set (runc's `runc spec`,

@@ -1,0 +1,112 @@
+package executor
+
+import (
+	"fmt"
+	"net/http"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// filesHandler serves the file routes on the sandbox's workspace, with
+// the sandbox's own owners: its root, and the user code runs as.
+func (s *Server) filesHandler() http.Handler {
+	return withFileCaps(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := s.workspace()
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		FilesHandler(ws).ServeHTTP(w, r)
+	}))
+}
+
+// workspace opens the workspace the first time a file route needs it: a
+// sandbox whose workspace cannot be opened still runs code, and says why
+// on the file routes.
+func (s *Server) workspace() (*workspace.Local, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return nil, fmt.Errorf("files: %w", errShuttingDown)
+	}
+	if s.ws == nil {
+		ws, err := workspace.Open(s.cfg.Workspace, workspace.Owners{
+			Root: workspace.Owner{UID: 0, GID: 0},
+			User: workspace.Owner{UID: s.cfg.UID, GID: s.cfg.GID},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("files: %w: %w", err, errdefs.ErrUnavailable)
+		}
+		s.ws = ws
+	}
+	return s.ws, nil
+}
+
+// fileCaps are what a file operation needs of the sandbox's root beyond
+// what the executor always acts with (cmd/sbx-executor): to write in the
+// user's directories (DAC_OVERRIDE), to give a file it wrote to the user
+// (CHOWN), and to set the mode and times of a file it gave away (FOWNER).
+// They mean nothing outside the sandbox's user namespace, and only the
+// workspace is writable there.
+const fileCaps = 1<<unix.CAP_CHOWN | 1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_FOWNER
+
+// withFileCaps runs h on a thread of its own with fileCaps effective, and
+// on no other thread: capabilities are a thread's in Linux (and gVisor),
+// so the rest of the executor keeps acting without them while a file
+// operation runs. The goroutine stays locked to its thread for the call;
+// the threads the Go runtime starts meanwhile are cloned from its
+// template thread, not from this one. Capabilities the executor was not
+// given (a test as a user, say) are not raised, and the operations that
+// need them fail on their own.
+func withFileCaps(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runtime.LockOSThread()
+		restore, err := raiseCaps(fileCaps)
+		if err != nil {
+			runtime.UnlockOSThread()
+			writeError(w, fmt.Errorf("files: %w", err))
+			return
+		}
+		defer func() {
+			if restore() != nil {
+				// The thread keeps what it had: it ends with this
+				// goroutine, which net/http ends for a panic.
+				panic(http.ErrAbortHandler)
+			}
+			runtime.UnlockOSThread()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// raiseCaps makes caps effective on this thread as far as they are
+// permitted, and returns how to put the thread's sets back.
+func raiseCaps(caps uint32) (restore func() error, err error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var old [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &old[0]); err != nil {
+		return nil, fmt.Errorf("capget: %w", err)
+	}
+	set := func(data [2]unix.CapUserData) error {
+		h := hdr
+		// This thread only (capset acts on the calling thread).
+		if _, _, e := unix.RawSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&h)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+			return fmt.Errorf("capset: %w", e)
+		}
+		return nil
+	}
+	raised := old
+	raised[0].Effective |= caps & old[0].Permitted
+	if raised[0].Effective == old[0].Effective {
+		return func() error { return nil }, nil
+	}
+	if err := set(raised); err != nil {
+		return nil, err
+	}
+	return func() error { return set(old) }, nil
+}
