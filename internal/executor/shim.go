@@ -79,6 +79,19 @@ const (
 	holderMode = "sbx-zygote-holder"
 )
 
+// init keeps the shim's main goroutine on the process's main thread for
+// good. The shim turns other threads into the sandbox user's (the
+// holder's, startHolder) and lets them end with their goroutines; the main
+// thread cannot end, and a goroutine that ran there would leave it, the
+// thread /proc/PID/status reports, with uid 1000 and capabilities set
+// aside for the process's life. Locked in init, main runs there and no
+// other goroutine can.
+func init() {
+	if len(os.Args) > 1 && os.Args[1] == shimMode {
+		runtime.LockOSThread()
+	}
+}
+
 // RunHelper runs the hidden helper mode that os.Args names and exits; it
 // returns at once when the process is not one of the executor's helpers.
 // Call it first in main, and in TestMain of tests that run a Server
