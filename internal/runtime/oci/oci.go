@@ -2,7 +2,11 @@
 // runc (the default), crun or gVisor's runsc. It writes a bundle per sandbox
 // (config.json generated from the runtime-spec Go types), starts the
 // executor as the container's PID 1 and talks to it over a unix socket in a
-// control directory bind-mounted into the container.
+// control directory bind-mounted into the container. A Spec's image and
+// volume are names, which the resolvers of Config turn into this host's
+// directories (the template store's build, the workspace). It has every
+// optional capability of the runtime contract: Pauser (the cgroup
+// freezer), StatsReader (the cgroups) and HostProcesses.
 package oci
 
 import (
