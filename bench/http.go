@@ -25,6 +25,8 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
+	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 var (
@@ -46,7 +48,14 @@ type controlPlane struct {
 
 var wsQuota = flag.String("workspace-quota", "auto", "the control planes' workspace quotas: auto (as sbx serve) or off, to measure what the quota costs")
 
+// startControlPlane starts a control plane over dir with the runtime rt
+// makes; nil: the bench's runc (newRuntime), resolving the control
+// plane's template builds and workspace volumes.
 func startControlPlane(dir string, rt func(string) (runtime.Runtime, error), configure ...func(*app.Config)) *controlPlane {
+	if rt == nil {
+		r := newRuntime(template.NewStore(filepath.Join(*dataDir, "templates")), workspace.Volumes(filepath.Join(dir, "workspaces")))
+		rt = func(string) (runtime.Runtime, error) { return r, nil }
+	}
 	// A run killed halfway leaves the workspace image mounted.
 	quota.Unmount(filepath.Join(dir, "workspaces"))
 	os.RemoveAll(dir)
@@ -109,7 +118,7 @@ func waitRunning(ctx context.Context, c *client.Client, id string) {
 // executor round trip measured directly in this run, the baseline of the
 // HTTP round trip.
 func benchHTTP(ctx context.Context, rt *oci.Runtime, inProcess samples, add func(row)) {
-	cp := startControlPlane(filepath.Join(*dataDir, "bench-http"), func(string) (runtime.Runtime, error) { return rt, nil })
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-http"), nil)
 	defer cp.stop()
 	c := cp.c
 

@@ -27,7 +27,7 @@ var hibernated = flag.Int("hibernated", 10000, "sessions to hibernate for the hi
 // paused sandbox, hibernate and restore of a 100 MB workspace, and what
 // many hibernated sessions cost.
 func benchLifecycle(ctx context.Context, rt *oci.Runtime, add func(row)) {
-	cp := startControlPlane(filepath.Join(*dataDir, "bench-lifecycle"), func(string) (runtime.Runtime, error) { return rt, nil })
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-lifecycle"), nil)
 	defer cp.stop()
 	c := cp.c
 
@@ -151,7 +151,7 @@ for i in range(50):
 // benchPool measures a new session's first result with a sandbox from
 // the warm pool, against the cold start measured just before.
 func benchPool(ctx context.Context, rt *oci.Runtime, cold samples, add func(row)) {
-	cp := startControlPlane(filepath.Join(*dataDir, "bench-pool"), func(string) (runtime.Runtime, error) { return rt, nil },
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-pool"), nil,
 		func(c *app.Config) { c.Pools = map[string]int{"python": 2} })
 	defer cp.stop()
 	waitPool := func() {
@@ -213,7 +213,7 @@ func benchLive(ctx context.Context, rt *oci.Runtime, add func(row)) {
 	if *live <= 0 {
 		return
 	}
-	cp := startControlPlane(filepath.Join(*dataDir, "bench-live"), func(string) (runtime.Runtime, error) { return rt, nil })
+	cp := startControlPlane(filepath.Join(*dataDir, "bench-live"), nil)
 	defer cp.stop()
 	c := cp.c
 	if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: "probe", TemplateID: "python"}); err != nil {

@@ -82,7 +82,7 @@ func main() {
 	}
 	store := template.NewStore(filepath.Join(*dataDir, "templates"))
 	py := ensure(ctx, store, "python")
-	rt := newRuntime()
+	rt := newRuntime(&benchDirs, &benchDirs)
 	ws := filepath.Join(*dataDir, "bench")
 	os.RemoveAll(ws)
 	if err := os.MkdirAll(ws, 0o711); err != nil {
@@ -167,10 +167,16 @@ func main() {
 	printTable(rows)
 }
 
+// benchDirs names the bench's images and workspaces to its runtime
+// (newSandbox adds them).
+var benchDirs oci.Dirs
+
 // newRuntime is the sandbox runtime every measure uses: runc, with its
-// state in stateRoot and its cgroups under sbx-bench.
-func newRuntime() *oci.Runtime {
+// state in stateRoot and its cgroups under sbx-bench, resolving images
+// and volumes through images and volumes.
+func newRuntime(images oci.Images, volumes oci.Volumes) *oci.Runtime {
 	rt, err := oci.New(oci.Config{StateDir: stateRoot, ExecutorPath: *exePath, CgroupParent: "sbx-bench",
+		Images: images, Volumes: volumes,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		log.Fatal(err)
@@ -281,7 +287,9 @@ func newSandbox(ctx context.Context, rt runtime.Runtime, id string, tmpl *templa
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Rootfs: tmpl.Rootfs, Workspace: ws,
+	benchDirs.Add(tmpl.Image(), tmpl.Rootfs)
+	benchDirs.Add("ws/"+id, ws)
+	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: tmpl.Image(), Volume: "ws/" + id,
 		Preload: tmpl.Spec.Preload, Env: tmpl.Spec.Env, Resources: tmpl.Spec.Resources}); err != nil {
 		log.Fatal(err)
 	}
@@ -313,7 +321,11 @@ func (s *sandbox) waitReady(ctx context.Context) {
 }
 
 func (s *sandbox) memory(ctx context.Context, rt runtime.Runtime) uint64 {
-	st, err := rt.Stats(ctx, s.id)
+	r, ok := runtime.StatsReaderOf(rt)
+	if !ok {
+		log.Fatal("the runtime reads no stats")
+	}
+	st, err := r.Stats(ctx, s.id)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -158,8 +158,7 @@ func benchScaleHTTP(ctx context.Context, env *scaleEnv, add func(row)) {
 		return
 	}
 	ensure(ctx, template.NewStore(filepath.Join(*dataDir, "templates")), "python")
-	rt := newRuntime()
-	withRT := func(string) (runtime.Runtime, error) { return rt, nil }
+	var withRT func(string) (runtime.Runtime, error) // the bench's runc (startControlPlane)
 	lite := startControlPlane(scaleDir("http-sqlite"), withRT)
 	defer lite.stop()
 	pg := startControlPlane(scaleDir("http-pg"), withRT, withStore(url))

@@ -164,7 +164,10 @@ func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, wor
 			return nil, err
 		}
 	}
-	rt, err := oci.New(oci.Config{Runtime: spec.Runtime, StateDir: stateDir(), Log: log})
+	// The image is the store's build; the one volume is the working
+	// directory, named to the runtime as "workdir" and nothing else.
+	volumes := &oci.Dirs{}
+	rt, err := oci.New(oci.Config{Runtime: spec.Runtime, StateDir: stateDir(), Log: log, Images: store, Volumes: volumes})
 	if err != nil {
 		return nil, err
 	}
@@ -187,11 +190,12 @@ func runOnce(ctx context.Context, spec template.Spec, res runtime.Resources, wor
 		}
 		defer syscall.Unmount(workdir, syscall.MNT_DETACH)
 	}
+	volumes.Add("workdir", workdir)
 	id := newID("run")
 	// Cleanup must happen even when ctx was cancelled by Ctrl-C.
 	defer rt.Destroy(context.WithoutCancel(ctx), id)
 	if _, err := rt.Create(ctx, runtime.Spec{
-		ID: id, Rootfs: tmpl.Rootfs, Workspace: workdir, Env: spec.Env,
+		ID: id, Image: tmpl.Image(), Volume: "workdir", Env: spec.Env,
 		Preload: spec.Preload, Resources: res,
 		Labels: map[string]string{"sbx.template": spec.Name, "sbx.command": "run"},
 	}); err != nil {

@@ -117,7 +117,7 @@ func exportedSeries(t *testing.T) map[string]string {
 	rt.Add("sbx-1")
 	rt.SetStats("sbx-1", runtime.Stats{CPUNanos: 1e9, MemoryBytes: 1 << 20, PIDs: 2, Limits: runtime.Resources{CPU: 1, MemoryMB: 512, PIDs: 256}})
 	sampler := usage.New(usage.Config{Held: func() []session.SandboxRef {
-		return []session.SandboxRef{{Tenant: "t", Session: "s", ID: "sbx-1", Runtime: rt, Workspace: "/nonexistent"}}
+		return []session.SandboxRef{{Tenant: "t", Session: "s", ID: "sbx-1", Runtime: rt, Volume: "t/nonexistent"}}
 	}})
 	t.Cleanup(sampler.Close)
 	sampler.Pass(context.Background())

@@ -84,7 +84,10 @@ type Config struct {
 	// once; more queue. Default 1.
 	TemplateBuilds int
 	// Runtime makes the sandbox runtime of a name ("" = runc). Default: the
-	// OCI driver. Tests swap in a fake or a failing one.
+	// OCI driver, resolving images through the template store
+	// (TemplateDir) and volumes under DATA/workspaces (workspace.Volumes);
+	// one made here must resolve them the same way. Tests swap in a fake
+	// or a failing one.
 	Runtime func(name string) (runtime.Runtime, error)
 	// Defaults are the lifecycle periods of sessions that set none
 	// (idle pause, hibernation, TTL); zero fields take the built-in ones.
@@ -287,10 +290,14 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	templates := template.NewStore(cfg.TemplateDir)
 	templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	// A sandbox's image is a template build of the store, its volume a
+	// workspace under DATA/workspaces: what the runtime resolves them to.
+	volumes := workspace.Volumes(filepath.Join(cfg.DataDir, "workspaces"))
 	newRuntime := cfg.Runtime
 	if newRuntime == nil {
 		newRuntime = func(name string) (runtime.Runtime, error) {
-			return oci.New(oci.Config{Runtime: name, StateDir: cfg.StateDir, ExecutorPath: cfg.ExecutorPath, Log: log})
+			return oci.New(oci.Config{Runtime: name, StateDir: cfg.StateDir, ExecutorPath: cfg.ExecutorPath, Log: log,
+				Images: templates, Volumes: volumes})
 		}
 	}
 	// The default runtime is made up front to learn the sandbox owners and
@@ -299,8 +306,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	var owners workspace.Owners
 	rootUID, userUID := oci.DefaultOwners()
 	owners.Root, owners.User = workspace.Owner{UID: rootUID, GID: rootUID}, workspace.Owner{UID: userUID, GID: userUID}
-	if _, err := newRuntime(""); err != nil {
+	if rt, err := newRuntime(""); err != nil {
 		log.Error("the default sandbox runtime is not usable; executions will fail until it is", "err", err)
+	} else {
+		// What the control plane will and will not ask of it.
+		log.Info("sandbox runtime", "capabilities", runtime.CapabilitiesOf(rt))
 	}
 	if err := cfg.Defaults.Check(); err != nil {
 		st.Close()
@@ -407,7 +417,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		},
 	})
 	sampler = usage.New(usage.Config{
-		Held: mgr.Held, Disk: quotas.Usage, Interval: cfg.MetricsInterval, Keep: cfg.MetricsHistory, Log: log,
+		Held: mgr.Held, Disk: func(ctx context.Context, volume string) (int64, int64, error) {
+			dir, err := volumes.VolumeDir(ctx, volume)
+			if err != nil {
+				return 0, 0, err
+			}
+			return quotas.Usage(ctx, dir)
+		}, Interval: cfg.MetricsInterval, Keep: cfg.MetricsHistory, Log: log,
 	})
 	metrics = server.NewMetrics(st, mgr)
 	metrics.RegisterUsage(sampler)

@@ -43,19 +43,23 @@ func viewsIn(t *testing.T, name string) {
 		t.Skipf("%s is not installed", name)
 	}
 	env := testenv.New(t)
-	rt, err := oci.New(oci.Config{Runtime: name, StateDir: filepath.Join(env.StateRoot, name), ExecutorPath: env.Executor,
-		CgroupParent: "sbx-test", UIDShift: uidShift})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rootfs := env.Rootfs(t, "python")
 	ws, err := os.MkdirTemp(env.WorkspaceRoot, "ws-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(ws)
+	dirs := &oci.Dirs{}
+	dirs.Add("python", rootfs)
+	dirs.Add("ws", ws)
+	rt, err := oci.New(oci.Config{Runtime: name, StateDir: filepath.Join(env.StateRoot, name), ExecutorPath: env.Executor,
+		CgroupParent: "sbx-test", UIDShift: uidShift, Images: dirs, Volumes: dirs})
+	if err != nil {
+		t.Fatal(err)
+	}
 	id := fmt.Sprintf("views-%s-%d", name, os.Getpid())
 	ctx := context.Background()
-	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Rootfs: env.Rootfs(t, "python"), Workspace: ws}); err != nil {
+	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: "python", Volume: "ws"}); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	defer func() {

@@ -1,9 +1,20 @@
 // Package runtime defines the contract between sbx and the things that run
-// sandboxes. A Runtime owns a sandbox's lifecycle (create, pause, resume,
-// stop, destroy), reports on it (inspect, stats, list) and gives the layers
-// above a connection to the executor that runs inside every sandbox. What is
-// said over that connection is the executor's business (internal/executor);
-// the runtime only carries it.
+// sandboxes. A Runtime owns a sandbox's lifecycle (create, stop, destroy),
+// reports on it (inspect, list) and gives the layers above a connection to
+// the executor that runs inside every sandbox. What is said over that
+// connection is the executor's business (internal/executor); the runtime
+// only carries it.
+//
+// The contract assumes no host: a sandbox is made from an image (a
+// reference the runtime resolves) over a volume (a name the runtime
+// resolves and mounts at /workspace), and nothing in Spec or Info is a
+// path on the caller's machine. What only some runtimes can do is an
+// optional capability, a small interface of its own (Pauser,
+// StatsReader, HostProcesses); CapabilitiesOf says which a runtime has,
+// and the layers above ask it rather than assume. The oci runtime (runc,
+// runsc) has them all; a runtime that drives Pods (issue 22, part 2) has
+// no freezer and no host, and the control plane degrades as each
+// capability's doc says.
 package runtime
 
 import (
@@ -16,34 +27,121 @@ import (
 )
 
 // Runtime runs sandboxes. Implementations: oci (runc, runsc, crun).
-// Every implementation passes runtimetest.Run.
+// Every implementation passes runtimetest.Run: its contract part always,
+// its capability parts for the capabilities it declares.
 type Runtime interface {
 	// Create starts a sandbox from spec and returns once its executor
-	// answers. A failed Create leaves nothing behind.
+	// answers. A failed Create leaves nothing behind. A malformed id,
+	// image or volume name is errdefs.ErrInvalidArgument; an image or
+	// volume the runtime cannot find, errdefs.ErrNotFound.
 	Create(ctx context.Context, spec Spec) (*Info, error)
 	// Dial connects to the sandbox's executor.
 	Dial(ctx context.Context, id string) (net.Conn, error)
-	// Pause freezes every process of the sandbox; Resume thaws them.
-	Pause(ctx context.Context, id string) error
-	Resume(ctx context.Context, id string) error
 	// Stop kills the sandbox's processes but keeps its record, so that
 	// Inspect still answers (State Stopped) until Destroy.
 	Stop(ctx context.Context, id string) error
-	// Destroy kills the sandbox and removes everything it had on the host
-	// (cgroups, mounts, bundle, runtime state). It is idempotent: destroying
-	// an unknown sandbox is not an error.
+	// Destroy kills the sandbox and removes everything the runtime made
+	// for it (on a host: cgroups, mounts, bundle, runtime state); the
+	// volume is the caller's and stays. It is idempotent: destroying an
+	// unknown sandbox is not an error.
 	Destroy(ctx context.Context, id string) error
 	// Inspect reports one sandbox; ErrNotFound if it does not exist.
 	Inspect(ctx context.Context, id string) (*Info, error)
-	// Stats reads the sandbox's resource usage from its cgroups, running,
-	// paused or stopped; ErrNotFound if it does not exist. It is cheap:
-	// the usage sampler (internal/usage) calls it for every sandbox every
-	// few seconds.
-	Stats(ctx context.Context, id string) (*Stats, error)
 	// List reports every sandbox this runtime knows about, including those
 	// a previous server process left behind, so that the caller can reattach
 	// to them or destroy them.
 	List(ctx context.Context) ([]Info, error)
+}
+
+// Pauser is a runtime that can freeze a sandbox's processes and thaw
+// them (the oci runtime's cgroup freezer). A runtime without it (a Pod
+// cannot be frozen) leaves an idle session to hibernate instead, and a
+// session paused on request keeps its sandbox unfrozen but unused
+// (internal/session). Pause of a paused sandbox, or Resume of a running
+// one, is a *StateError; an unknown sandbox, ErrNotFound.
+type Pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// StatsReader is a runtime that reads a sandbox's resource usage
+// cheaply, running, paused or stopped; ErrNotFound if it does not exist.
+// Cheap matters: the usage sampler (internal/usage) calls it for every
+// sandbox every few seconds. Without it, usage has no live figures for
+// the runtime's sandboxes.
+type StatsReader interface {
+	Stats(ctx context.Context, id string) (*Stats, error)
+}
+
+// HostProcesses is a runtime whose sandboxes run on the caller's host:
+// their processes (or, under gVisor, their kernel's) are host processes
+// in host cgroups, and their mounts are made on the host. Only tests
+// look this close (runtimetest's host probes); the control plane needs
+// nothing of it.
+type HostProcesses interface {
+	// Pid is the host pid of the sandbox's first process (the executor;
+	// under gVisor, its sandbox process), 0 when it runs no process;
+	// ErrNotFound if the sandbox does not exist.
+	Pid(ctx context.Context, id string) (int, error)
+}
+
+// Capabilities says what a runtime can do beyond the core Runtime.
+type Capabilities struct {
+	// Pause: the runtime is a Pauser.
+	Pause bool `json:"pause"`
+	// Stats: the runtime is a StatsReader.
+	Stats bool `json:"stats"`
+	// HostProcesses: the runtime is a HostProcesses.
+	HostProcesses bool `json:"host_processes"`
+}
+
+// Declarer is a runtime that says what it can do. A declaration can only
+// take away: a capability needs its interface as well, so that a wrapper
+// (or a test's fake) can have the methods and still say it cannot.
+type Declarer interface {
+	Capabilities() Capabilities
+}
+
+// CapabilitiesOf says what rt can do: the optional interfaces it has,
+// less what it declares it cannot (Declarer).
+func CapabilitiesOf(rt Runtime) Capabilities {
+	var c Capabilities
+	_, c.Pause = rt.(Pauser)
+	_, c.Stats = rt.(StatsReader)
+	_, c.HostProcesses = rt.(HostProcesses)
+	if d, ok := rt.(Declarer); ok {
+		dc := d.Capabilities()
+		c.Pause = c.Pause && dc.Pause
+		c.Stats = c.Stats && dc.Stats
+		c.HostProcesses = c.HostProcesses && dc.HostProcesses
+	}
+	return c
+}
+
+// PauserOf returns rt as a Pauser if it can pause (CapabilitiesOf).
+func PauserOf(rt Runtime) (Pauser, bool) {
+	if !CapabilitiesOf(rt).Pause {
+		return nil, false
+	}
+	return rt.(Pauser), true
+}
+
+// StatsReaderOf returns rt as a StatsReader if it reads stats
+// (CapabilitiesOf).
+func StatsReaderOf(rt Runtime) (StatsReader, bool) {
+	if !CapabilitiesOf(rt).Stats {
+		return nil, false
+	}
+	return rt.(StatsReader), true
+}
+
+// HostProcessesOf returns rt as a HostProcesses if its sandboxes run on
+// this host (CapabilitiesOf).
+func HostProcessesOf(rt Runtime) (HostProcesses, bool) {
+	if !CapabilitiesOf(rt).HostProcesses {
+		return nil, false
+	}
+	return rt.(HostProcesses), true
 }
 
 // State is where a sandbox is in its life.
@@ -56,18 +154,23 @@ const (
 	StateStopped  State = "stopped"
 )
 
-// Spec says what to run. The rootfs is a built template's; the workspace is
-// the caller's directory, which outlives the sandbox.
+// Spec says what to run: an image (a built template) over a volume (the
+// caller's workspace, which outlives the sandbox). Both are names the
+// runtime resolves, never host paths: a runtime may have no host in
+// common with its caller.
 type Spec struct {
 	// ID names the sandbox: [a-zA-Z0-9_-], at most 64 characters.
 	ID string
-	// Rootfs is the template's root filesystem, mounted read-only.
-	Rootfs string
-	// Workspace is a host directory mounted read-write at /workspace. The
-	// runtime makes it owned by the sandbox user, except for entries owned
-	// by the sandbox's root, which the control plane put there to be
-	// read-only to user code (conversation uploads).
-	Workspace string
+	// Image is the template build to run, as an OCI image reference
+	// (template.ImageRef: sbx/NAME:BUILDHASH). Its root filesystem is
+	// mounted read-only.
+	Image string
+	// Volume names the workspace volume mounted read-write at /workspace
+	// (workspace.SessionVolume, workspace.PoolVolume). The runtime makes
+	// its files owned by the sandbox user, except for entries owned by the
+	// sandbox's root, which the control plane put there to be read-only
+	// to user code (conversation uploads).
+	Volume string
 	// Env is added to every execution's environment.
 	Env map[string]string
 	// Preload lists Python modules the executor imports once, before the
@@ -122,14 +225,16 @@ func (r Resources) WithDefaults() Resources {
 	return d
 }
 
-// Info describes one sandbox.
+// Info describes one sandbox. Image and Volume are the names Create was
+// given: a warm pool's sandbox claimed for a session keeps its pool
+// volume's name, though on the oci runtime its directory has taken the
+// session's place since (internal/sandbox/pool.go).
 type Info struct {
 	ID        string            `json:"id"`
 	State     State             `json:"state"`
 	Runtime   string            `json:"runtime"`
-	Pid       int               `json:"pid,omitempty"`
-	Rootfs    string            `json:"rootfs"`
-	Workspace string            `json:"workspace"`
+	Image     string            `json:"image"`
+	Volume    string            `json:"volume"`
 	Resources Resources         `json:"resources"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	CreatedAt time.Time         `json:"created_at"`

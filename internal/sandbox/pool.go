@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // A warm pool keeps sandboxes of one template started, executor up and
@@ -151,7 +152,7 @@ func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error)
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
-		ID: id, Rootfs: tmpl.Rootfs, Workspace: dir, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
+		ID: id, Image: tmpl.Image(), Volume: workspace.PoolVolume(id), Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
 		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, LabelTemplate: name}),
 	})
 	if err != nil {

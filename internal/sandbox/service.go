@@ -284,7 +284,7 @@ func (s *Service) Create(ctx context.Context, req Request) (*Sandbox, string, er
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(ctx, runtime.Spec{
-		ID: id, Rootfs: tmpl.Rootfs, Workspace: s.ws.Dir(req.Tenant, req.Session),
+		ID: id, Image: tmpl.Image(), Volume: workspace.SessionVolume(req.Tenant, req.Session),
 		Env: env, Preload: tmpl.Spec.Preload, Resources: res,
 		Labels: s.labels(map[string]string{LabelTenant: req.Tenant, LabelSession: req.Session, LabelTemplate: req.Template}),
 	})

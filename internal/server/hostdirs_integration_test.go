@@ -44,7 +44,7 @@ func TestDataDirPrivate(t *testing.T) {
 			rs := startReal(t, data, func(c *app.Config) {
 				c.StateDir = state
 				c.Runtime = func(string) (runtime.Runtime, error) {
-					return oci.New(oci.Config{Runtime: rtName, StateDir: state, ExecutorPath: env.Executor})
+					return oci.New(realRuntime(t, rtName, state, data))
 				}
 			})
 			c := client.New(rs.URL)

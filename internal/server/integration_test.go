@@ -26,7 +26,9 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
+	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // realServer is a server with real runc sandboxes, the shared template
@@ -49,7 +51,7 @@ func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, co
 	t.Helper()
 	env := testenv.New(t)
 	state := filepath.Join(env.StateRoot, "srv")
-	rt, err := oci.New(oci.Config{StateDir: state, ExecutorPath: env.Executor})
+	rt, err := oci.New(realRuntime(t, "", state, dir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +61,7 @@ func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, co
 			if name == "" || name == "runc" {
 				return rt, nil
 			}
-			return oci.New(oci.Config{Runtime: name, StateDir: state, ExecutorPath: env.Executor})
+			return oci.New(realRuntime(t, name, state, dir))
 		},
 	}
 	for _, f := range configure {
@@ -86,6 +88,14 @@ func openReal(t *testing.T, dir string, wrap func(http.Handler) http.Handler, co
 		destroySandboxes(t, rt)
 	})
 	return rs
+}
+
+// realRuntime configures the OCI runtime name for a server over the
+// data directory dir: the test's executor, the shared template store's
+// images, and dir's workspaces as volumes, as app.Open's own runtime.
+func realRuntime(t testing.TB, name, state, dir string) oci.Config {
+	return oci.Config{Runtime: name, StateDir: state, ExecutorPath: testenv.New(t).Executor,
+		Images: template.NewStore(testenv.TemplateDir()), Volumes: workspace.Volumes(filepath.Join(dir, "workspaces"))}
 }
 
 // runCommand runs cmd with its output captured, logs what ran and how long

@@ -35,8 +35,8 @@ func metricsServer(t *testing.T, token string, keySpecs ...string) http.Handler 
 	}
 	sampler := usage.New(usage.Config{Held: func() []session.SandboxRef {
 		return []session.SandboxRef{
-			{Tenant: "alpha", Session: "a", ID: "sbx-a", Runtime: rt, Workspace: "/nonexistent"},
-			{Tenant: "beta", Session: "b", ID: "sbx-b", Runtime: rt, Workspace: "/nonexistent"},
+			{Tenant: "alpha", Session: "a", ID: "sbx-a", Runtime: rt, Volume: "t/nonexistent"},
+			{Tenant: "beta", Session: "b", ID: "sbx-b", Runtime: rt, Volume: "t/nonexistent"},
 		}
 	}})
 	t.Cleanup(sampler.Close)

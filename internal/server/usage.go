@@ -12,7 +12,8 @@ import (
 
 // getSessionMetrics: GET /sessions/{id}/metrics. A session
 // without a running or paused sandbox answers what it has instead of
-// readings.
+// readings, and so does one whose runtime reads no stats (usage.Live):
+// its sandbox state, no current reading and no samples.
 func (s *Server) getSessionMetrics(w http.ResponseWriter, r *http.Request) {
 	var since time.Time
 	if v := r.URL.Query().Get("since"); v != "" {
@@ -41,7 +42,7 @@ func (s *Server) getSessionMetrics(w http.ResponseWriter, r *http.Request) {
 		SessionID: sess.ID, Sandbox: state, IntervalSeconds: s.opt.Usage.Interval().Seconds(),
 		Samples: make([]api.MetricsSample, 0, len(samples)),
 	}
-	if ref != nil && cur == nil {
+	if ref != nil && cur == nil && usage.Live(ref.Runtime) {
 		out.Sandbox = api.SandboxNone // gone since the session was read
 	}
 	if cur != nil {

@@ -92,8 +92,8 @@ func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool
 		return nil, err
 	}
 	if e.sbState == sandboxRunning {
-		err := e.sb.Runtime.Pause(ctx, e.sb.ID)
-		if err == nil || isState(err, runtime.StatePaused) {
+		err := freezeSandbox(ctx, e.sb)
+		if err == nil {
 			err = e.moveSandbox(sandboxPaused, nil, nil)
 		}
 		if err != nil {
@@ -155,13 +155,57 @@ func isState(err error, state runtime.State) bool {
 	return errors.As(err, &se) && se.State == state
 }
 
-// resume thaws sb; one that is running already is fine (a crash between
-// a pause's record and its freeze, or another replica thawed it).
-func resume(ctx context.Context, sb *sandbox.Sandbox) error {
-	if err := sb.Runtime.Resume(ctx, sb.ID); err != nil && !isState(err, runtime.StateRunning) {
+// freezeSandbox freezes sb's processes if its runtime can pause
+// (runtime.Pauser); one frozen already is fine. A sandbox whose runtime
+// cannot (a Pod) is held back by its state in the session alone
+// (sandboxPaused): nothing runs in it, since no execution starts in a
+// paused sandbox and none outlives its execution, so a pause keeps what a
+// freeze keeps (the session's processes and memory), a hibernation's copy
+// is as consistent, and only the idle executor goes on using its memory.
+// The reaper hibernates such a session when it idles rather than pausing
+// it (reapOne).
+func freezeSandbox(ctx context.Context, sb *sandbox.Sandbox) error {
+	p, ok := runtime.PauserOf(sb.Runtime)
+	if !ok {
+		return nil
+	}
+	if err := p.Pause(ctx, sb.ID); err != nil && !isState(err, runtime.StatePaused) {
 		return err
 	}
 	return nil
+}
+
+// resume thaws sb; one that is running already is fine (a crash between
+// a pause's record and its freeze, or another replica thawed it), and so
+// is one whose runtime cannot pause (freezeSandbox).
+func resume(ctx context.Context, sb *sandbox.Sandbox) error {
+	p, ok := runtime.PauserOf(sb.Runtime)
+	if !ok {
+		return nil
+	}
+	if err := p.Resume(ctx, sb.ID); err != nil && !isState(err, runtime.StateRunning) {
+		return err
+	}
+	return nil
+}
+
+// canPause says whether the runtime of rec's sandbox can freeze it: the
+// runtime of the sandbox this process holds, else its template's.
+func (m *Manager) canPause(ctx context.Context, rec *store.Session) bool {
+	if e := m.peek(key{rec.Tenant, rec.ID}); e != nil {
+		if sb := e.pubSB.Load(); sb != nil {
+			return runtime.CapabilitiesOf(sb.Runtime).Pause
+		}
+	}
+	spec, err := m.sbx.Spec(ctx, rec.Tenant, rec.TemplateID)
+	if err != nil {
+		return true // freeze copes either way
+	}
+	rt, err := m.sbx.Runtime(spec.Runtime)
+	if err != nil {
+		return true
+	}
+	return runtime.CapabilitiesOf(rt).Pause
 }
 
 // busy refuses a change that would pull the sandbox from under a start or
@@ -343,8 +387,8 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	sb, prev := e.held(), e.snap
 	frozen := false
 	if e.sbState == sandboxRunning {
-		err := sb.Runtime.Pause(ctx, sb.ID)
-		if err == nil || isState(err, runtime.StatePaused) {
+		err := freezeSandbox(ctx, sb)
+		if err == nil {
 			err = e.moveSandbox(sandboxPaused, nil, nil)
 		}
 		if err != nil {
@@ -502,7 +546,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.S
 	e.mu.Lock()
 	sb, prev := e.held(), e.snap
 	if e.sbState == sandboxRunning {
-		if err := sb.Runtime.Pause(ctx, sb.ID); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
+		if err := freezeSandbox(ctx, sb); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
 			defer m.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 	}

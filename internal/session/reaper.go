@@ -142,7 +142,10 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 	case rec.Status == api.StatusHibernated:
 		// Due only for its TTL; activity moved that on. Reschedule.
 		err = m.save(ctx, rec)
-	case rec.Status == api.StatusPaused || rec.SandboxID == "":
+	case rec.Status == api.StatusPaused || rec.SandboxID == "" ||
+		// A sandbox that cannot be frozen (runtime.Pauser) would hold
+		// its memory paused as much as running: it hibernates at once.
+		m.opt.Snapshots != nil && !m.canPause(ctx, rec):
 		if m.opt.Snapshots == nil {
 			return m.postpone(ctx, rec, rec.ExpiresAt)
 		}

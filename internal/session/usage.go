@@ -5,18 +5,20 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
-// SandboxRef names a session's sandbox on this host, for reading its
-// usage (R-86, internal/usage): its cgroups through its runtime, and its
-// workspace's disk quota.
+// SandboxRef names a session's sandbox, for reading its usage (R-86,
+// internal/usage): its stats through its runtime, and its workspace
+// volume's disk quota.
 type SandboxRef struct {
 	Tenant, Session string
 	// ID is the sandbox's id on Runtime.
 	ID      string
 	Runtime runtime.Runtime
-	// Workspace is the session's workspace directory on this host.
-	Workspace string
+	// Volume is the session's workspace volume
+	// (workspace.SessionVolume).
+	Volume string
 	// Paused: the sandbox is frozen (it uses no CPU).
 	Paused bool
 }
@@ -41,7 +43,7 @@ func (m *Manager) Held() []SandboxRef {
 		}
 		out = append(out, SandboxRef{
 			Tenant: e.tenant, Session: e.id, ID: sb.ID, Runtime: sb.Runtime,
-			Workspace: m.ws.Dir(e.tenant, e.id), Paused: state == sandboxPaused,
+			Volume: workspace.SessionVolume(e.tenant, e.id), Paused: state == sandboxPaused,
 		})
 	}
 	return out
@@ -69,7 +71,7 @@ func (m *Manager) SandboxOf(ctx context.Context, tenant, id string) (*Session, s
 	case api.StatusHibernated:
 		return s, SandboxHibernated, nil, nil
 	}
-	ref := &SandboxRef{Tenant: tenant, Session: id, Workspace: m.ws.Dir(tenant, id)}
+	ref := &SandboxRef{Tenant: tenant, Session: id, Volume: workspace.SessionVolume(tenant, id)}
 	if e := m.peek(key{tenant, id}); e != nil {
 		state := sandboxState(e.pub.Load())
 		sb := e.pubSB.Load()

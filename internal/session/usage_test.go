@@ -3,7 +3,6 @@ package session
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
@@ -23,7 +22,7 @@ func TestHeldAndSandboxOf(t *testing.T) {
 	var destroyed []string
 	m := newManager(t, rt, func(o *Options) {
 		o.Destroying = func(_ context.Context, r runtime.Runtime, id string) {
-			if _, err := r.Stats(context.Background(), id); err != nil {
+			if _, err := r.(runtime.StatsReader).Stats(context.Background(), id); err != nil {
 				t.Errorf("Destroying %s: the sandbox cannot be read any more: %v", id, err)
 			}
 			mu.Lock()
@@ -37,7 +36,7 @@ func TestHeldAndSandboxOf(t *testing.T) {
 		t.Fatal(err)
 	}
 	held := m.Held()
-	want := SandboxRef{Tenant: "t", Session: "s1", ID: "sbx-s1", Runtime: rt, Workspace: filepath.Join(m.opt.WorkspaceDir, "t", "s1")}
+	want := SandboxRef{Tenant: "t", Session: "s1", ID: "sbx-s1", Runtime: rt, Volume: "t/s1"}
 	if len(held) != 1 || held[0] != want {
 		t.Fatalf("held: %+v, want only %+v", held, want)
 	}

@@ -1,6 +1,6 @@
 // Package usage samples the resource usage of the sandboxes a process
 // holds. Every few seconds a Sampler reads each sandbox's cgroups
-// (runtime.Runtime.Stats) and its workspace's disk quota, and keeps the
+// (runtime.StatsReader) and its workspace's disk quota, and keeps the
 // last minutes of readings per session: the history of GET
 // /sessions/{id}/metrics and E2B's getMetrics, and, summed per tenant, the
 // Prometheus series of internal/server/metrics.go. A request's current
@@ -10,11 +10,16 @@
 // the sandboxes it holds (session.Manager.Held), so a session's history
 // is in the replicas that hold its sandbox, while any replica on the host
 // can read the sandbox now.
+//
+// A runtime that reads no stats (no runtime.StatsReader) has no live
+// figures: its sandboxes are not sampled, and a request for their
+// metrics answers no reading rather than an error (Now).
 package usage
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"sync"
@@ -40,10 +45,10 @@ const minWindow = 250 * time.Millisecond
 type Config struct {
 	// Held lists the sandboxes to sample (session.Manager.Held).
 	Held func() []session.SandboxRef
-	// Disk reads what a workspace directory holds and its limit
-	// (quota.Dirs.Usage). Nil, or an error: the disk is not known, and
-	// readings say 0 for both.
-	Disk func(ctx context.Context, dir string) (used, limit int64, err error)
+	// Disk reads what a workspace volume (session.SandboxRef.Volume)
+	// holds and its limit (quota.Dirs.Usage of its directory). Nil, or an
+	// error: the disk is not known, and readings say 0 for both.
+	Disk func(ctx context.Context, volume string) (used, limit int64, err error)
 	// Interval is the time between two passes over the sandboxes; default
 	// DefaultInterval.
 	Interval time.Duration
@@ -162,6 +167,9 @@ func (s *Sampler) pass(ctx context.Context) int {
 		if ctx.Err() != nil {
 			break
 		}
+		if !Live(t.Runtime) {
+			continue // nothing to sample
+		}
 		k := key{t.Tenant, t.Session}
 		smp, err := s.measure(ctx, t)
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -188,9 +196,20 @@ func (s *Sampler) pass(ctx context.Context) int {
 	return read
 }
 
+// Live says whether the sandboxes of rt have live figures: rt reads
+// stats (runtime.StatsReader).
+func Live(rt runtime.Runtime) bool { return rt != nil && runtime.CapabilitiesOf(rt).Stats }
+
+// errNotLive is measure's answer for a runtime that reads no stats.
+var errNotLive = fmt.Errorf("the runtime reads no sandbox stats: %w", errdefs.ErrFailedPrecondition)
+
 // measure reads the sandbox's cgroups and its workspace's disk.
 func (s *Sampler) measure(ctx context.Context, t session.SandboxRef) (Sample, error) {
-	st, err := t.Runtime.Stats(ctx, t.ID)
+	r, ok := runtime.StatsReaderOf(t.Runtime)
+	if !ok {
+		return Sample{}, errNotLive
+	}
+	st, err := r.Stats(ctx, t.ID)
 	if err != nil {
 		return Sample{}, err
 	}
@@ -200,8 +219,8 @@ func (s *Sampler) measure(ctx context.Context, t session.SandboxRef) (Sample, er
 		PIDs: int64(st.PIDs), PIDsLimit: st.Limits.PIDs,
 		cpuNanos: st.CPUNanos,
 	}
-	if s.cfg.Disk != nil && t.Workspace != "" {
-		if used, limit, err := s.cfg.Disk(ctx, t.Workspace); err == nil {
+	if s.cfg.Disk != nil && t.Volume != "" {
+		if used, limit, err := s.cfg.Disk(ctx, t.Volume); err == nil {
 			smp.DiskBytes, smp.DiskLimitBytes = used, limit
 		}
 	}
@@ -246,10 +265,11 @@ func (s *Sampler) Final(ctx context.Context, rt runtime.Runtime, id string) {
 	s.mu.Lock()
 	r := s.bySandbox[id]
 	s.mu.Unlock()
-	if r == nil {
+	sr, ok := runtime.StatsReaderOf(rt)
+	if r == nil || !ok {
 		return
 	}
-	st, err := rt.Stats(ctx, id)
+	st, err := sr.Stats(ctx, id)
 	if err != nil {
 		return
 	}
@@ -418,10 +438,11 @@ func (r *ring) cpu() uint64 { return max(r.last.cpuNanos, r.final) }
 
 // Now is what a request for a session's metrics answers: a reading of
 // ref's sandbox taken now (Read) and the samples of it taken at or after
-// since. Both are empty when there is no sandbox to read: ref nil, or
-// the sandbox gone since it was named.
+// since. Both are empty when there is no sandbox to read: ref nil, the
+// sandbox gone since it was named, or a runtime with no live figures
+// (Live).
 func (s *Sampler) Now(ctx context.Context, ref *session.SandboxRef, since time.Time) (*Sample, []Sample, error) {
-	if ref == nil {
+	if ref == nil || !Live(ref.Runtime) {
 		return nil, []Sample{}, nil
 	}
 	cur, err := s.Read(ctx, *ref)

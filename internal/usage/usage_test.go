@@ -59,7 +59,7 @@ func newFixture(t *testing.T, keep time.Duration) *fixture {
 // hold makes the sandbox sbx-ID of tenant's session ID held, with limits
 // of cpu cores.
 func (f *fixture) hold(tenant, id string, cpu float64) session.SandboxRef {
-	ref := session.SandboxRef{Tenant: tenant, Session: id, ID: "sbx-" + id, Runtime: f.rt, Workspace: "/ws/" + tenant + "/" + id}
+	ref := session.SandboxRef{Tenant: tenant, Session: id, ID: "sbx-" + id, Runtime: f.rt, Volume: tenant + "/" + id}
 	f.rt.Add(ref.ID)
 	f.rt.SetStats(ref.ID, runtime.Stats{Limits: runtime.Resources{CPU: cpu, MemoryMB: 512, PIDs: 256}})
 	f.mu.Lock()
@@ -108,7 +108,7 @@ func TestCPUShareFromDeltas(t *testing.T) {
 	f := newFixture(t, time.Minute)
 	two := f.hold("t", "s", 2)
 	half := f.hold("t", "h", 0.5)
-	f.disk["/ws/t/s"] = 10 << 20
+	f.disk["t/s"] = 10 << 20
 	f.tick(0)
 	if h := f.History("t", "s", two.ID, time.Time{}); len(h) != 0 {
 		t.Errorf("after the first reading: %d samples, want none (it is the base)", len(h))
@@ -283,4 +283,29 @@ func TestStartClose(t *testing.T) {
 	}
 	f.Close()
 	f.Close() // twice is fine: t.Cleanup does it again
+}
+
+// A runtime that reads no stats has no live figures: its sandboxes are
+// not sampled, a request for one answers no reading and no samples
+// rather than an error, and the runtime is never asked for stats.
+func TestNoStatsNoFigures(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.rt.Declare(runtime.Capabilities{Pause: true})
+	ref := f.hold("t", "s", 1)
+	f.disk["t/s"] = 10 << 20
+	if n := f.Pass(context.Background()); n != 0 {
+		t.Errorf("a pass read %d sandboxes, want none", n)
+	}
+	f.tick(5 * time.Second)
+	cur, samples, err := f.Now(context.Background(), &ref, time.Time{})
+	if err != nil || cur != nil || samples == nil || len(samples) != 0 {
+		t.Errorf("now: %+v, %v, %v; want no reading, no samples, no error", cur, samples, err)
+	}
+	f.Final(context.Background(), f.rt, ref.ID)
+	if len(f.Tenants()) != 0 {
+		t.Errorf("tenants: %+v, want none", f.Tenants())
+	}
+	if n := f.rt.Calls("Stats"); n != 0 {
+		t.Errorf("the runtime that reads no stats was asked for them %d times", n)
+	}
 }

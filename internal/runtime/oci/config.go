@@ -63,8 +63,8 @@ var (
 type bundleConfig struct {
 	runtime    string // runc, crun or runsc: runsc gets gvisorSpec's changes
 	spec       runtime.Spec
-	rootfs     string // the sandbox's read-only mount of spec.Rootfs (rootfs.go)
-	workspace  string // the sandbox's mount of spec.Workspace (rootfs.go)
+	rootfs     string // the sandbox's read-only mount of spec.Image's root filesystem (rootfs.go)
+	workspace  string // the sandbox's mount of spec.Volume's directory (rootfs.go)
 	res        runtime.Resources
 	controlDir string // host directory mounted at /run/sbx
 	binDir     string // host directory holding sbx-executor, mounted at /opt/sbx

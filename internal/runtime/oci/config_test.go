@@ -20,7 +20,7 @@ import (
 
 func testConfig() bundleConfig {
 	return bundleConfig{
-		spec: runtime.Spec{ID: "x", Rootfs: "/r", Workspace: "/w", Env: map[string]string{"FOO": "bar", "HOME": "/elsewhere"},
+		spec: runtime.Spec{ID: "x", Image: "sbx/python:0123", Volume: "t/s", Env: map[string]string{"FOO": "bar", "HOME": "/elsewhere"},
 			Preload: []string{"pandas", "numpy"}},
 		rootfs: "/b/rootfs", workspace: "/b/workspace",
 		res:        runtime.Resources{CPU: 0.5, MemoryMB: 256, PIDs: 64, TmpMB: 32, DiskMB: 100},

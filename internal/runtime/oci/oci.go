@@ -2,7 +2,11 @@
 // runc (the default), crun or gVisor's runsc. It writes a bundle per sandbox
 // (config.json generated from the runtime-spec Go types), starts the
 // executor as the container's PID 1 and talks to it over a unix socket in a
-// control directory bind-mounted into the container.
+// control directory bind-mounted into the container. A Spec's image and
+// volume are names, which the resolvers of Config turn into this host's
+// directories (the template store's build, the workspace). It has every
+// optional capability of the runtime contract: Pauser (the cgroup
+// freezer), StatsReader (the cgroups) and HostProcesses.
 package oci
 
 import (
@@ -75,6 +79,27 @@ type Config struct {
 	// JobsOnly: the runtime will run jobs (RunJob: template builds) and no
 	// sandbox, so it needs no executor binary.
 	JobsOnly bool
+	// Images resolves a Spec's image reference to the root filesystem of
+	// the template build (template.Store). Create needs it; a runtime
+	// made to list, inspect or destroy sandboxes does not.
+	Images Images
+	// Volumes resolves a Spec's volume name to its directory
+	// (workspace.Dirs, workspace.Volumes), as Images.
+	Volumes Volumes
+}
+
+// Images resolves image references to root filesystems on this host.
+// A reference is input: a resolver checks its form (no "..", no absolute
+// path, a bounded length) and answers errdefs.ErrInvalidArgument for a
+// malformed one and errdefs.ErrNotFound for one it does not have.
+type Images interface {
+	ImageRootfs(ctx context.Context, ref string) (string, error)
+}
+
+// Volumes resolves volume names to directories on this host, with the
+// same care as Images.
+type Volumes interface {
+	VolumeDir(ctx context.Context, name string) (string, error)
 }
 
 // Runtime is the OCI driver.
@@ -88,12 +113,26 @@ type Runtime struct {
 	jobsState
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime       = (*Runtime)(nil)
+	_ runtime.Pauser        = (*Runtime)(nil)
+	_ runtime.StatsReader   = (*Runtime)(nil)
+	_ runtime.HostProcesses = (*Runtime)(nil)
+)
 
 // validID is what a sandbox id may look like. It ends up in paths, cgroup
 // names and the runtime's command line, and the socket path it is part of
 // must stay under the 108-byte limit of unix socket addresses.
 var validID = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$`)
+
+// quoteID quotes an id that is not valid for an error message, cut short:
+// it is the caller's input, of any length.
+func quoteID(id string) string {
+	if len(id) > 80 {
+		return strconv.Quote(id[:80]) + "..."
+	}
+	return strconv.Quote(id)
+}
 
 // DefaultOwners is Owners for the default UIDShift.
 func DefaultOwners() (root, user int) { return 100000, 100000 + sandboxUID }
@@ -268,14 +307,25 @@ type record struct {
 // Create starts a sandbox and waits until its executor answers.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Info, err error) {
 	if !validID.MatchString(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want 1-64 of [a-zA-Z0-9_-]: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("sandbox id %s: want 1-64 of [a-zA-Z0-9_-]: %w", quoteID(spec.ID), errdefs.ErrInvalidArgument)
 	}
 	if spec.Network {
 		return nil, fmt.Errorf("sandbox %s: network access is not supported yet: %w", spec.ID, errdefs.ErrInvalidArgument)
 	}
-	for _, p := range []string{spec.Rootfs, spec.Workspace} {
+	if r.cfg.Images == nil || r.cfg.Volumes == nil {
+		return nil, fmt.Errorf("sandbox %s: the runtime was given no image or volume resolver (oci.Config): %w", spec.ID, errdefs.ErrFailedPrecondition)
+	}
+	rootfsDir, err := r.cfg.Images.ImageRootfs(ctx, spec.Image)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	wsDir, err := r.cfg.Volumes.VolumeDir(ctx, spec.Volume)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
+	for _, p := range []string{rootfsDir, wsDir} {
 		if fi, err := os.Stat(p); err != nil || !fi.IsDir() {
-			return nil, fmt.Errorf("sandbox %s: %q is not a directory: %w", spec.ID, p, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("sandbox %s: %s is not a directory: %w", spec.ID, p, errdefs.ErrNotFound)
 		}
 	}
 	res := spec.Resources.WithDefaults()
@@ -301,7 +351,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	base := r.ids.hostBase(slot)
 	info := runtime.Info{
 		ID: spec.ID, State: runtime.StateCreating, Runtime: r.name,
-		Rootfs: spec.Rootfs, Workspace: spec.Workspace, Resources: res,
+		Image: spec.Image, Volume: spec.Volume, Resources: res,
 		Labels: spec.Labels, CreatedAt: time.Now().UTC(),
 	}
 	if err := writeJSON(filepath.Join(b, "sandbox.json"), record{Info: info, IDSlot: slot, IDBase: base}); err != nil {
@@ -325,7 +375,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	// On disk the workspace belongs to the storage ids; the sandbox sees
 	// it as its own through its idmapped mount.
 	storage := int(r.cfg.UIDShift)
-	if err := prepareWorkspace(ctx, spec.Workspace, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
+	if err := prepareWorkspace(ctx, wsDir, storage+sandboxUID, storage+sandboxUID, storage); err != nil {
 		return nil, fmt.Errorf("sandbox %s: workspace: %w", spec.ID, err)
 	}
 	// The variables user code gets travel in a file only the sandbox's
@@ -344,7 +394,7 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 	for _, m := range []struct {
 		src, dst string
 		ro       bool
-	}{{spec.Rootfs, rootfs, true}, {spec.Workspace, ws, false}} {
+	}{{rootfsDir, rootfs, true}, {wsDir, ws, false}} {
 		if err := os.Mkdir(m.dst, 0o755); err != nil {
 			return nil, err
 		}
@@ -386,7 +436,6 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (_ *runtime.Inf
 		return nil, err
 	}
 	info.State = runtime.StateRunning
-	info.Pid = readPid(b)
 	return &info, nil
 }
 
@@ -463,7 +512,7 @@ func (r *Runtime) initIn(bundle, id string) (int, bool) {
 // the caller should go through the CLI.
 func (r *Runtime) freeze(ctx context.Context, id string, on bool, from string) (bool, error) {
 	if !validID.MatchString(id) {
-		return true, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		return true, fmt.Errorf("sandbox %s: %w", quoteID(id), errdefs.ErrNotFound)
 	}
 	if _, err := os.Stat(r.bundle(id)); errors.Is(err, os.ErrNotExist) {
 		return true, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -566,7 +615,7 @@ func readTail(dir, name string, n int64) []byte {
 // Dial connects to the sandbox's executor.
 func (r *Runtime) Dial(ctx context.Context, id string) (net.Conn, error) {
 	if !validID.MatchString(id) {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("sandbox %s: %w", quoteID(id), errdefs.ErrNotFound)
 	}
 	c, err := dialExecutor(ctx, r.bundle(id))
 	if err != nil {
@@ -711,16 +760,25 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (*runtime.Info, error)
 		return nil, err
 	default:
 		info.State = ociState(st.Status)
-		info.Pid = st.Pid
 	}
 	return info, nil
+}
+
+// Pid is the host pid of the sandbox's init (runc: the executor; runsc:
+// the sandbox process), 0 if it has none alive.
+func (r *Runtime) Pid(ctx context.Context, id string) (int, error) {
+	if _, err := r.record(id); err != nil {
+		return 0, err
+	}
+	pid, _ := r.initProcess(id)
+	return pid, nil
 }
 
 // record reads what the sandbox's bundle remembers of it (its state
 // excepted); ErrNotFound if it has no bundle.
 func (r *Runtime) record(id string) (*runtime.Info, error) {
 	if !validID.MatchString(id) {
-		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("sandbox %s: %w", quoteID(id), errdefs.ErrNotFound)
 	}
 	var rec record
 	if err := readJSON(filepath.Join(r.bundle(id), "sandbox.json"), &rec); err != nil {

@@ -3,15 +3,20 @@
 package oci_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 func TestRunc(t *testing.T) { conformance(t, "runc", nil) }
@@ -44,20 +49,44 @@ func conformance(t *testing.T, name string, adjust func(*runtimetest.Harness)) {
 	}
 	env := testenv.New(t)
 	stateDir := filepath.Join(env.StateRoot, name)
+	// The resolvers the server uses: the template store's images and
+	// workspace volumes under a root of the test's.
+	rootfs := env.Rootfs(t, "python")
+	spec, _ := template.Builtin("python")
+	store := template.NewStore(testenv.TemplateDir())
+	tmpl, ok := store.Lookup(spec)
+	if !ok {
+		t.Fatal("the python template is built but not found")
+	}
+	volumes := workspace.Volumes(filepath.Join(env.WorkspaceRoot, name))
 	open := func(t *testing.T) runtime.Runtime {
-		rt, err := oci.New(oci.Config{Runtime: name, StateDir: stateDir, ExecutorPath: env.Executor, CgroupParent: "sbx-test"})
+		rt, err := oci.New(oci.Config{Runtime: name, StateDir: stateDir, ExecutorPath: env.Executor, CgroupParent: "sbx-test",
+			Images: store, Volumes: volumes})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return rt
 	}
 	rt := open(t)
+	var vols atomic.Int64
+	volumeDir := func(name string) string { return filepath.Join(string(volumes), name) }
 	h := runtimetest.Harness{
-		Runtime:       rt,
-		ExecRoot:      rt.(*oci.Runtime).ExecRoot,
-		Reopen:        open,
-		Rootfs:        env.Rootfs(t, "python"),
-		WorkspaceRoot: env.WorkspaceRoot,
+		Runtime:  rt,
+		ExecRoot: rt.(*oci.Runtime).ExecRoot,
+		Reopen:   open,
+		Image:    tmpl.Image(),
+		NewVolume: func(t testing.TB) string {
+			vol := workspace.SessionVolume("rtt", fmt.Sprintf("v%d-%d", os.Getpid(), vols.Add(1)))
+			if err := os.MkdirAll(volumeDir(vol), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(volumeDir(vol)) })
+			return vol
+		},
+		MissingImage:  template.ImageRef("python", strings.Repeat("0", 64)),
+		MissingVolume: workspace.SessionVolume("rtt", "missing"),
+		Rootfs:        rootfs,
+		VolumeDir:     volumeDir,
 		CgroupDirs: func(id string) []string {
 			var dirs []string
 			for _, c := range []string{"memory", "pids", "cpu", "cpuacct", "freezer", "devices", "blkio", "cpuset", "unified", "systemd"} {

@@ -14,17 +14,60 @@ import (
 // Fake is a runtime that keeps sandboxes as states in a map: enough for
 // the layers above (sessions, sandboxes), which it lets test without root.
 // It creates nothing and dials nothing; Add and Labelled put sandboxes
-// there as if something had created them.
+// there as if something had created them. It can pause and read stats
+// unless Declare says otherwise, so that the layers above can be tested
+// on a runtime without those capabilities too.
 type Fake struct {
 	mu     sync.Mutex
 	state  map[string]runtime.State
 	labels map[string]map[string]string // of sandboxes added with labelled
 	stats  map[string]runtime.Stats     // SetStats
 	pauses int
+	caps   runtime.Capabilities
+	calls  map[string]int // of Pause, Resume and Stats, by name
 }
 
-// NewFake returns an empty Fake.
-func NewFake() *Fake { return &Fake{state: map[string]runtime.State{}} }
+// NewFake returns an empty Fake that can pause and read stats.
+func NewFake() *Fake {
+	return &Fake{state: map[string]runtime.State{}, caps: runtime.Capabilities{Pause: true, Stats: true}, calls: map[string]int{}}
+}
+
+var (
+	_ runtime.Pauser      = (*Fake)(nil)
+	_ runtime.StatsReader = (*Fake)(nil)
+	_ runtime.Declarer    = (*Fake)(nil)
+)
+
+// Declare sets what the fake says it can do (runtime.CapabilitiesOf).
+// A capability declared away is one the layers above must not use: its
+// methods still answer, and Calls counts them, so a test can check that
+// nothing called them.
+func (f *Fake) Declare(c runtime.Capabilities) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.caps = c
+}
+
+// Capabilities is what Declare set (Pause and Stats by default).
+func (f *Fake) Capabilities() runtime.Capabilities {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.caps
+}
+
+// Calls counts the calls of the capability method name: "Pause",
+// "Resume" or "Stats".
+func (f *Fake) Calls(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[name]
+}
+
+func (f *Fake) count(name string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[name]++
+}
 
 // Add adds a running sandbox.
 func (f *Fake) Add(id string) {
@@ -52,12 +95,14 @@ func (f *Fake) set(id string, from, to runtime.State) error {
 	return nil
 }
 func (f *Fake) Pause(ctx context.Context, id string) error {
+	f.count("Pause")
 	f.mu.Lock()
 	f.pauses++
 	f.mu.Unlock()
 	return f.set(id, runtime.StateRunning, runtime.StatePaused)
 }
 func (f *Fake) Resume(ctx context.Context, id string) error {
+	f.count("Resume")
 	return f.set(id, runtime.StatePaused, runtime.StateRunning)
 }
 func (f *Fake) Stop(ctx context.Context, id string) error {
@@ -82,6 +127,7 @@ func (f *Fake) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
 	return &runtime.Info{ID: id, State: st}, nil
 }
 func (f *Fake) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
+	f.count("Stats")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.state[id]; !ok {

@@ -1,6 +1,11 @@
 // Package runtimetest is the conformance suite every runtime.Runtime passes:
 // lifecycle, recovery and the isolation (escape and abuse) checks of
-// R-70..R-75 (docs/REQUIREMENTS.md), all against real sandboxes.
+// R-70..R-75 (docs/REQUIREMENTS.md), all against real sandboxes. The
+// contract part runs on any runtime, one with no host in common with the
+// caller included; the parts of the optional capabilities (pause, stats,
+// the host's view) run when the runtime declares them (see Harness).
+// Fake, a map of states, stands in for a runtime in the layers' unit
+// tests.
 package runtimetest
 
 import (
@@ -23,27 +28,48 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
-// Harness is what the suite needs from a driver's test.
+// Harness is what the suite needs from a driver's test. The suite has
+// two parts. The contract is what every runtime passes, host or no host:
+// create, dial, run through the executor, stop, destroy, inspect, list,
+// bad input, recovery, and isolation as seen from inside the sandbox.
+// The capability parts run when the runtime declares the capability
+// (runtime.CapabilitiesOf) and are skipped, saying so, when it does not:
+// pause and resume (Pauser), stats (StatsReader), and the probes that
+// look at the sandbox from the host (HostProcesses: host pids, cgroups,
+// mounts, the bundle, the volume's directory).
 type Harness struct {
 	// Runtime is the driver under test.
 	Runtime runtime.Runtime
 	// Reopen returns a second instance of the driver over the same state,
 	// as a restarted server would make. Nil skips the recovery test.
 	Reopen func(t *testing.T) runtime.Runtime
-	// Rootfs is a built `python` template.
-	Rootfs string
-	// WorkspaceRoot is a host directory to make workspaces in.
-	WorkspaceRoot string
-	// CgroupDirs, when set, returns the host cgroup directories a sandbox
-	// may have, so the suite can check Destroy removed them.
-	CgroupDirs func(id string) []string
-	// BundleDir, when set, returns the sandbox's host state directory.
-	BundleDir func(id string) string
+	// Image is a built `python` template, named as the runtime takes it
+	// (runtime.Spec.Image).
+	Image string
+	// NewVolume makes a new, empty volume the runtime can mount and
+	// returns its name (runtime.Spec.Volume); it goes at the test's end.
+	NewVolume func(t testing.TB) string
+	// MissingImage and MissingVolume, when set, are well-formed names the
+	// runtime does not have: Create must answer ErrNotFound.
+	MissingImage, MissingVolume string
 	// ExecRoot runs argv inside sandbox id as the sandbox's root, with the
 	// capabilities the runtime gives the executor (runc exec), and returns
 	// its combined output. The suite uses it to check what code that gained
 	// the sandbox's root could do to what sandboxes share. Required.
 	ExecRoot func(ctx context.Context, id string, argv ...string) ([]byte, error)
+
+	// For a runtime with runtime.HostProcesses, the host's view, which the
+	// host probes need (each fails the test if missing then).
+
+	// Rootfs is Image's root filesystem on the host.
+	Rootfs string
+	// VolumeDir returns a volume's directory on the host.
+	VolumeDir func(name string) string
+	// CgroupDirs returns the host cgroup directories a sandbox may have,
+	// so the suite can check Destroy removed them.
+	CgroupDirs func(id string) []string
+	// BundleDir returns the sandbox's host state directory.
+	BundleDir func(id string) string
 
 	// Capability switches, for a runtime whose sandboxes cannot show a
 	// property the way Linux shows it. Each names the difference and says
@@ -84,10 +110,10 @@ var seq atomic.Int64
 
 // Sandbox is one sandbox made for a test, destroyed at its end.
 type Sandbox struct {
-	ID        string
-	Workspace string
-	Client    *execclient.Client
-	rt        runtime.Runtime
+	ID     string
+	Volume string
+	Client *execclient.Client
+	rt     runtime.Runtime
 }
 
 // NewSandbox creates a sandbox with the given resources.
@@ -96,24 +122,22 @@ func (h *Harness) NewSandbox(t testing.TB, res runtime.Resources) *Sandbox {
 	return h.newSandbox(t, runtime.Spec{Resources: res})
 }
 
-// newSandbox creates a sandbox from spec, filling in its id, rootfs,
-// workspace and labels.
+// newSandbox creates a sandbox from spec, filling in its id, image,
+// labels and, unless spec has one, a new volume.
 func (h *Harness) newSandbox(t testing.TB, spec runtime.Spec) *Sandbox {
 	t.Helper()
 	id := fmt.Sprintf("rtt-%d-%d", os.Getpid(), seq.Add(1))
-	ws, err := os.MkdirTemp(h.WorkspaceRoot, "ws-")
-	if err != nil {
-		t.Fatal(err)
+	if spec.Volume == "" {
+		spec.Volume = h.NewVolume(t)
 	}
-	t.Cleanup(func() { os.RemoveAll(ws) })
 	ctx := context.Background()
-	spec.ID, spec.Rootfs, spec.Workspace = id, h.Rootfs, ws
+	spec.ID, spec.Image = id, h.Image
 	spec.Labels = map[string]string{"test": t.Name()}
 	if _, err := h.Runtime.Create(ctx, spec); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	rt := h.Runtime
-	s := &Sandbox{ID: id, Workspace: ws, rt: rt}
+	s := &Sandbox{ID: id, Volume: spec.Volume, rt: rt}
 	s.Client = execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
 	t.Cleanup(func() {
 		s.Client.Close()
@@ -149,15 +173,57 @@ func (s *Sandbox) MustRun(t testing.TB, lang, code string) *wire.Result {
 	return res
 }
 
-// Run runs the whole suite.
+// Run runs the whole suite: the contract, then the parts of the
+// capabilities the runtime declares.
 func Run(t *testing.T, h Harness) {
+	if h.NewVolume == nil || h.Image == "" {
+		t.Fatal("Harness.Image and Harness.NewVolume are required")
+	}
+	t.Logf("runtime capabilities: %+v", runtime.CapabilitiesOf(h.Runtime))
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, &h) })
 	t.Run("Errors", func(t *testing.T) { testErrors(t, &h) })
 	t.Run("Recover", func(t *testing.T) { testRecover(t, &h) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, &h) })
 	t.Run("SandboxRoot", func(t *testing.T) { testSandboxRoot(t, &h) })
+	t.Run("Pause", func(t *testing.T) { testPause(t, &h) })
+	t.Run("Stats", func(t *testing.T) { testStats(t, &h) })
+	t.Run("Host", func(t *testing.T) { testHost(t, &h) })
 }
 
+// pauser, statsReader and host return the runtime's capability, or skip
+// the test that needs it, saying why.
+func (h *Harness) pauser(t testing.TB) runtime.Pauser {
+	t.Helper()
+	p, ok := runtime.PauserOf(h.Runtime)
+	if !ok {
+		t.Skip("the runtime cannot pause (no runtime.Pauser): pause and resume are not checked")
+	}
+	return p
+}
+
+func (h *Harness) statsReader(t testing.TB) runtime.StatsReader {
+	t.Helper()
+	r, ok := runtime.StatsReaderOf(h.Runtime)
+	if !ok {
+		t.Skip("the runtime reads no stats (no runtime.StatsReader): usage figures are not checked")
+	}
+	return r
+}
+
+func (h *Harness) host(t testing.TB) runtime.HostProcesses {
+	t.Helper()
+	hp, ok := runtime.HostProcessesOf(h.Runtime)
+	if !ok {
+		t.Skip("the runtime's sandboxes are not on this host (no runtime.HostProcesses): host probe skipped")
+	}
+	return hp
+}
+
+// onHost says whether the runtime's sandboxes are on this host.
+func (h *Harness) onHost() bool { return runtime.CapabilitiesOf(h.Runtime).HostProcesses }
+
+// testLifecycle is the contract's lifecycle: create, inspect, run, list,
+// stop, destroy, and a volume that outlives its sandbox.
 func testLifecycle(t *testing.T, h *Harness) {
 	ctx := context.Background()
 	rt := h.Runtime
@@ -170,6 +236,12 @@ func testLifecycle(t *testing.T, h *Harness) {
 	if info.Labels["test"] != t.Name() {
 		t.Errorf("labels not kept: %v", info.Labels)
 	}
+	if info.Image != h.Image || info.Volume != s.Volume {
+		t.Errorf("inspect: image %q volume %q, want %q and %q", info.Image, info.Volume, h.Image, s.Volume)
+	}
+	if r := info.Resources; r.MemoryMB == 0 || r.CPU == 0 || r.PIDs == 0 {
+		t.Errorf("inspect: resources %+v, want the defaults filled in", r)
+	}
 	res := s.MustRun(t, "python", "print('hello')\nreturn 6*7")
 	if res.Stdout != "hello\n" || string(res.ReturnValue) != "42" {
 		t.Errorf("run: stdout %q return %s", res.Stdout, res.ReturnValue)
@@ -178,43 +250,7 @@ func testLifecycle(t *testing.T, h *Harness) {
 	if res.Stdout != "hi from bash\n" {
 		t.Errorf("bash: %q", res.Stdout)
 	}
-
-	// Files written by the sandbox land in the host workspace.
 	s.MustRun(t, "python", "open('/workspace/out.txt','w').write('data')")
-	if b, err := os.ReadFile(filepath.Join(s.Workspace, "out.txt")); err != nil || string(b) != "data" {
-		t.Errorf("workspace file: %q, %v", b, err)
-	}
-
-	st, err := rt.Stats(ctx, s.ID)
-	if err != nil || st.MemoryBytes == 0 || st.PIDs == 0 || st.CPUNanos == 0 {
-		t.Errorf("stats: %+v, %v", st, err)
-	} else if want := info.Resources; st.Limits != want || want.MemoryMB == 0 || want.CPU == 0 || want.PIDs == 0 {
-		t.Errorf("stats: limits %+v, want what the sandbox was given (defaults filled in): %+v", st.Limits, want)
-	}
-
-	if err := rt.Pause(ctx, s.ID); err != nil {
-		t.Fatalf("pause: %v", err)
-	}
-	if info, _ := rt.Inspect(ctx, s.ID); info.State != runtime.StatePaused {
-		t.Errorf("after pause: %s", info.State)
-	}
-	if err := rt.Pause(ctx, s.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("pause twice: %v, want ErrFailedPrecondition", err)
-	}
-	// A frozen executor does not answer.
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = s.Client.Health(short)
-	cancel()
-	if err == nil {
-		t.Errorf("a paused sandbox answered")
-	}
-	if err := rt.Resume(ctx, s.ID); err != nil {
-		t.Fatalf("resume: %v", err)
-	}
-	if err := rt.Resume(ctx, s.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-		t.Errorf("resume twice: %v, want ErrFailedPrecondition", err)
-	}
-	s.MustRun(t, "python", "print(1)")
 
 	list, err := rt.List(ctx)
 	if err != nil || !contains(list, s.ID) {
@@ -233,59 +269,77 @@ func testLifecycle(t *testing.T, h *Harness) {
 	if _, err := rt.Inspect(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("inspect after destroy: %v, want ErrNotFound", err)
 	}
+	if list, err := rt.List(ctx); err != nil || contains(list, s.ID) {
+		t.Errorf("list after destroy has %s: %v", s.ID, err)
+	}
 	if err := rt.Destroy(ctx, s.ID); err != nil {
 		t.Errorf("destroy is not idempotent: %v", err)
 	}
-	checkGone(t, h, s.ID)
-	if _, err := os.Stat(filepath.Join(s.Workspace, "out.txt")); err != nil {
-		t.Errorf("destroy removed the workspace: %v", err)
+
+	// The volume outlives the sandbox: a new one over it finds the file.
+	again := h.newSandbox(t, runtime.Spec{Volume: s.Volume})
+	if got := returnString(t, again.MustRun(t, "python", "return open('/workspace/out.txt').read()")); got != "data" {
+		t.Errorf("a new sandbox over the volume reads %q, want what the destroyed one wrote", got)
 	}
 }
 
-// checkGone verifies a destroyed sandbox left nothing on the host.
-func checkGone(t *testing.T, h *Harness, id string) {
-	t.Helper()
-	if h.CgroupDirs != nil {
-		for _, d := range h.CgroupDirs(id) {
-			if _, err := os.Stat(d); err == nil {
-				t.Errorf("cgroup %s left behind", d)
-			}
-		}
-	}
-	if h.BundleDir != nil {
-		if _, err := os.Stat(h.BundleDir(id)); err == nil {
-			t.Errorf("bundle %s left behind", h.BundleDir(id))
-		}
-	}
-	mi, _ := os.ReadFile("/proc/self/mountinfo")
-	if strings.Contains(string(mi), id) {
-		t.Errorf("a mount of %s is left on the host", id)
-	}
-}
-
+// testErrors is the contract's bad input: every malformed name is
+// refused before anything is made, a name that only looks like a path
+// never reaches one, and unknown sandboxes are ErrNotFound.
 func testErrors(t *testing.T, h *Harness) {
 	ctx := context.Background()
 	rt := h.Runtime
-	ws := t.TempDir()
-	for _, tc := range []struct {
+	vol := h.NewVolume(t)
+	long := strings.Repeat("a", 64<<10)
+	// Paths given as names: the runtime resolves names, never paths.
+	badImages := []string{"", "../../etc", "/", "/etc", "sbx/../../x:1", long}
+	badVolumes := []string{"", "..", "../x", "x/../../etc", "/", "/tmp", "/etc/x", "a/b/c", long}
+	if h.Rootfs != "" {
+		badImages = append(badImages, h.Rootfs)
+	}
+	if h.VolumeDir != nil {
+		badVolumes = append(badVolumes, h.VolumeDir(vol))
+	}
+	type tc struct {
 		name string
 		spec runtime.Spec
 		want error
-	}{
-		{"bad id", runtime.Spec{ID: "../x", Rootfs: h.Rootfs, Workspace: ws}, errdefs.ErrInvalidArgument},
-		{"empty id", runtime.Spec{ID: "", Rootfs: h.Rootfs, Workspace: ws}, errdefs.ErrInvalidArgument},
-		{"no rootfs", runtime.Spec{ID: "rtt-norootfs", Rootfs: "/nonexistent", Workspace: ws}, errdefs.ErrInvalidArgument},
-		{"no workspace", runtime.Spec{ID: "rtt-nows", Rootfs: h.Rootfs, Workspace: "/nonexistent"}, errdefs.ErrInvalidArgument},
-	} {
+	}
+	cases := []tc{
+		{"bad id", runtime.Spec{ID: "../x", Image: h.Image, Volume: vol}, errdefs.ErrInvalidArgument},
+		{"empty id", runtime.Spec{ID: "", Image: h.Image, Volume: vol}, errdefs.ErrInvalidArgument},
+		{"long id", runtime.Spec{ID: long, Image: h.Image, Volume: vol}, errdefs.ErrInvalidArgument},
+	}
+	for i, img := range badImages {
+		cases = append(cases, tc{fmt.Sprintf("bad image %d", i), runtime.Spec{ID: fmt.Sprintf("rtt-badimg-%d", i), Image: img, Volume: vol}, errdefs.ErrInvalidArgument})
+	}
+	for i, v := range badVolumes {
+		cases = append(cases, tc{fmt.Sprintf("bad volume %d", i), runtime.Spec{ID: fmt.Sprintf("rtt-badvol-%d", i), Image: h.Image, Volume: v}, errdefs.ErrInvalidArgument})
+	}
+	if h.MissingImage != "" {
+		cases = append(cases, tc{"missing image", runtime.Spec{ID: "rtt-noimage", Image: h.MissingImage, Volume: vol}, errdefs.ErrNotFound})
+	}
+	if h.MissingVolume != "" {
+		cases = append(cases, tc{"missing volume", runtime.Spec{ID: "rtt-novol", Image: h.Image, Volume: h.MissingVolume}, errdefs.ErrNotFound})
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := rt.Create(ctx, tc.spec); !errors.Is(err, tc.want) {
-				t.Errorf("got %v, want %v", err, tc.want)
+			_, err := rt.Create(ctx, tc.spec)
+			if !errors.Is(err, tc.want) {
+				t.Errorf("image %.80q volume %.80q: got %v, want %v", tc.spec.Image, tc.spec.Volume, err, tc.want)
+			}
+			if err != nil && len(err.Error()) > 4096 {
+				t.Errorf("the error repeats the input: %d bytes", len(err.Error()))
+			}
+			// Nothing was left behind.
+			if list, err := rt.List(ctx); err != nil || tc.spec.ID != "" && contains(list, tc.spec.ID) {
+				t.Errorf("a refused create left %q listed: %v", tc.spec.ID, err)
 			}
 		})
 	}
 	t.Run("duplicate", func(t *testing.T) {
 		s := h.NewSandbox(t, runtime.Resources{})
-		_, err := rt.Create(ctx, runtime.Spec{ID: s.ID, Rootfs: h.Rootfs, Workspace: s.Workspace})
+		_, err := rt.Create(ctx, runtime.Spec{ID: s.ID, Image: h.Image, Volume: h.NewVolume(t)})
 		if !errors.Is(err, errdefs.ErrAlreadyExists) {
 			t.Errorf("got %v, want ErrAlreadyExists", err)
 		}
@@ -294,9 +348,8 @@ func testErrors(t *testing.T, h *Harness) {
 	t.Run("unknown", func(t *testing.T) {
 		for name, err := range map[string]error{
 			"inspect": func() error { _, err := rt.Inspect(ctx, "rtt-unknown"); return err }(),
-			"pause":   rt.Pause(ctx, "rtt-unknown"),
-			"stats":   func() error { _, err := rt.Stats(ctx, "rtt-unknown"); return err }(),
 			"dial":    func() error { _, err := rt.Dial(ctx, "rtt-unknown"); return err }(),
+			"bad id":  func() error { _, err := rt.Inspect(ctx, "../../x"); return err }(),
 		} {
 			if !errors.Is(err, errdefs.ErrNotFound) {
 				t.Errorf("%s: %v, want ErrNotFound", name, err)
@@ -331,7 +384,142 @@ func testRecover(t *testing.T, h *Harness) {
 	if err := rt2.Destroy(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := rt2.Inspect(ctx, s.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("inspect after destroy: %v, want ErrNotFound", err)
+	}
+	if h.onHost() {
+		checkGone(t, h, s.ID)
+	}
+}
+
+// testPause is the Pauser capability: a paused sandbox does not answer,
+// pausing twice or resuming a running one is refused, and a resumed one
+// runs.
+func testPause(t *testing.T, h *Harness) {
+	p := h.pauser(t)
+	ctx := context.Background()
+	rt := h.Runtime
+	s := h.NewSandbox(t, runtime.Resources{})
+	s.MustRun(t, "python", "print(1)")
+	if err := p.Pause(ctx, s.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if info, _ := rt.Inspect(ctx, s.ID); info.State != runtime.StatePaused {
+		t.Errorf("after pause: %s", info.State)
+	}
+	if err := p.Pause(ctx, s.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("pause twice: %v, want ErrFailedPrecondition", err)
+	}
+	// A frozen executor does not answer.
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err := s.Client.Health(short)
+	cancel()
+	if err == nil {
+		t.Errorf("a paused sandbox answered")
+	}
+	if err := p.Resume(ctx, s.ID); err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	if err := p.Resume(ctx, s.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("resume twice: %v, want ErrFailedPrecondition", err)
+	}
+	s.MustRun(t, "python", "print(1)")
+	// Stopping a paused sandbox works.
+	if err := p.Pause(ctx, s.ID); err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	if err := rt.Stop(ctx, s.ID); err != nil {
+		t.Fatalf("stop a paused sandbox: %v", err)
+	}
+	if info, err := rt.Inspect(ctx, s.ID); err != nil || info.State != runtime.StateStopped {
+		t.Errorf("after stop: %+v, %v", info, err)
+	}
+	for name, err := range map[string]error{"pause": p.Pause(ctx, "rtt-unknown"), "resume": p.Resume(ctx, "rtt-unknown")} {
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%s unknown: %v, want ErrNotFound", name, err)
+		}
+	}
+}
+
+// testStats is the StatsReader capability.
+func testStats(t *testing.T, h *Harness) {
+	r := h.statsReader(t)
+	ctx := context.Background()
+	s := h.NewSandbox(t, runtime.Resources{})
+	s.MustRun(t, "python", "print(sum(range(100000)))")
+	info, err := h.Runtime.Inspect(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := r.Stats(ctx, s.ID)
+	if err != nil || st.MemoryBytes == 0 || st.PIDs == 0 || st.CPUNanos == 0 {
+		t.Errorf("stats: %+v, %v", st, err)
+	} else if want := info.Resources; st.Limits != want {
+		t.Errorf("stats: limits %+v, want what the sandbox was given (defaults filled in): %+v", st.Limits, want)
+	}
+	if _, err := r.Stats(ctx, "rtt-unknown"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("stats unknown: %v, want ErrNotFound", err)
+	}
+}
+
+// testHost is the HostProcesses capability: the sandbox seen from the
+// host while it runs, and nothing of it left on the host once destroyed
+// but its volume.
+func testHost(t *testing.T, h *Harness) {
+	hp := h.host(t)
+	if h.VolumeDir == nil {
+		t.Fatal("Harness.VolumeDir is nil: a runtime on this host must say where its volumes are")
+	}
+	ctx := context.Background()
+	rt := h.Runtime
+	s := h.NewSandbox(t, runtime.Resources{})
+	if pid, err := hp.Pid(ctx, s.ID); err != nil || pid <= 0 {
+		t.Errorf("pid of a running sandbox: %d, %v", pid, err)
+	} else if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err != nil {
+		t.Errorf("pid %d is not a host process: %v", pid, err)
+	}
+	if _, err := hp.Pid(ctx, "rtt-unknown"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("pid of an unknown sandbox: %v, want ErrNotFound", err)
+	}
+	// Files written by the sandbox land in the volume's directory.
+	s.MustRun(t, "python", "open('/workspace/out.txt','w').write('data')")
+	dir := h.VolumeDir(s.Volume)
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "data" {
+		t.Errorf("workspace file: %q, %v", b, err)
+	}
+	if err := rt.Stop(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if pid, err := hp.Pid(ctx, s.ID); err != nil || pid != 0 {
+		t.Errorf("pid of a stopped sandbox: %d, %v; want 0", pid, err)
+	}
+	if err := rt.Destroy(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
 	checkGone(t, h, s.ID)
+	if _, err := os.Stat(filepath.Join(dir, "out.txt")); err != nil {
+		t.Errorf("destroy removed the workspace: %v", err)
+	}
+}
+
+// checkGone verifies a destroyed sandbox left nothing on the host.
+func checkGone(t *testing.T, h *Harness, id string) {
+	t.Helper()
+	if h.CgroupDirs == nil || h.BundleDir == nil {
+		t.Fatal("Harness.CgroupDirs and BundleDir are nil: a runtime on this host must say where a sandbox's cgroups and state are")
+	}
+	for _, d := range h.CgroupDirs(id) {
+		if _, err := os.Stat(d); err == nil {
+			t.Errorf("cgroup %s left behind", d)
+		}
+	}
+	if _, err := os.Stat(h.BundleDir(id)); err == nil {
+		t.Errorf("bundle %s left behind", h.BundleDir(id))
+	}
+	mi, _ := os.ReadFile("/proc/self/mountinfo")
+	if strings.Contains(string(mi), id) {
+		t.Errorf("a mount of %s is left on the host", id)
+	}
 }
 
 func contains(list []runtime.Info, id string) bool {

@@ -1,0 +1,58 @@
+package workspace
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
+)
+
+// A workspace is named to a runtime as a volume (runtime.Spec.Volume),
+// never by its path: TENANT/SESSION for a session's, .pool/ID for a warm
+// pool's sandbox's own. The oci runtime resolves the name to the
+// directory here (VolumeDir); a runtime with no host in common with the
+// control plane maps it to a volume of its own (a PVC, say).
+const poolVolume = ".pool"
+
+// maxVolumeName bounds a volume name: two ids of at most maxIDLen.
+const maxVolumeName = 2*maxIDLen + 1
+
+// SessionVolume is the volume name of a tenant's session's workspace.
+func SessionVolume(tenant, id string) string { return tenant + "/" + id }
+
+// PoolVolume is the volume name of the workspace of the warm pool's
+// sandbox id.
+func PoolVolume(id string) string { return poolVolume + "/" + id }
+
+// Volumes resolves volume names to the workspace directories under a
+// root (DirsConfig.Root): the oci runtime's volume resolver, made before
+// the Dirs that manage those directories (internal/app).
+type Volumes string
+
+// VolumeDir returns the directory of the volume called name: an existing
+// directory, not a symlink. A malformed name (not two ids, "..", a path)
+// is errdefs.ErrInvalidArgument; a volume that does not exist,
+// errdefs.ErrNotFound.
+func (v Volumes) VolumeDir(ctx context.Context, name string) (string, error) {
+	if len(name) > maxVolumeName {
+		return "", fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	}
+	owner, id, ok := strings.Cut(name, "/")
+	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
+		return "", fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
+	}
+	dir := filepath.Join(string(v), owner, id)
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("volume %q: no such workspace: %w", name, errdefs.ErrNotFound)
+	}
+	return dir, nil
+}
+
+// VolumeDir is Volumes.VolumeDir over d's root.
+func (d *Dirs) VolumeDir(ctx context.Context, name string) (string, error) {
+	return Volumes(d.root).VolumeDir(ctx, name)
+}
