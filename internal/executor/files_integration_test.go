@@ -32,12 +32,13 @@ func TestFilesConformanceRunc(t *testing.T) {
 		t.Skip("runc is not installed")
 	}
 	env := testenv.New(t)
+	dirs := &oci.Dirs{}
+	dirs.Add("python", env.Rootfs(t, "python"))
 	rt, err := oci.New(oci.Config{Runtime: "runc", StateDir: filepath.Join(env.StateRoot, "files-runc"), ExecutorPath: env.Executor,
-		CgroupParent: "sbx-test", UIDShift: uidShift})
+		CgroupParent: "sbx-test", UIDShift: uidShift, Images: dirs, Volumes: dirs})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rootfs := env.Rootfs(t, "python")
 	owners := workspace.Owners{Root: workspace.Owner{UID: uidShift, GID: uidShift}, User: workspace.Owner{UID: uidShift + 1000, GID: uidShift + 1000}}
 	var n atomic.Int64
 	workspacetest.Run(t, func(t *testing.T) workspacetest.Subject {
@@ -57,7 +58,9 @@ func TestFilesConformanceRunc(t *testing.T) {
 		ws.Close()
 		id := fmt.Sprintf("files-%d-%d", os.Getpid(), n.Add(1))
 		ctx := context.Background()
-		if _, err := rt.Create(ctx, runtime.Spec{ID: id, Rootfs: rootfs, Workspace: dir}); err != nil {
+		dirs.Add(id, dir)
+		t.Cleanup(func() { dirs.Remove(id) })
+		if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: "python", Volume: id}); err != nil {
 			t.Fatalf("create: %v", err)
 		}
 		t.Cleanup(func() {
