@@ -115,16 +115,28 @@ func NewInProcess(t testing.TB) *InProcess {
 
 // WorkspaceRoot returns a new directory, removed when t ends, under which
 // workspaces for InProcess may go: SandboxUID can traverse it (t.TempDir's
-// parents are root's alone).
-func WorkspaceRoot(t testing.TB) string {
+// parents are root's alone), and so the directories of the tenants named,
+// made in it ahead of the session layer. That layer makes a tenant's
+// directory 0700 (a real runtime reaches a workspace through a bind mount;
+// InProcess's executor reaches it by its host path) and leaves one that
+// exists alone.
+func WorkspaceRoot(t testing.TB, tenants ...string) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "sbx-inproc-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o711); err != nil {
-		t.Fatal(err)
+	for _, d := range append([]string{dir}, tenants...) {
+		if d != dir {
+			d = filepath.Join(dir, d)
+			if err := os.Mkdir(d, 0o711); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return dir
 }
