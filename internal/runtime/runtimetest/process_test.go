@@ -61,7 +61,34 @@ func run(t testing.TB, c *execclient.Client, code string) *wire.Result {
 	return res
 }
 
+// children lists this process's child processes (the executor's zygote
+// and its helpers, and whatever they left: the executor is a subreaper).
+func children(t *testing.T) []string {
+	t.Helper()
+	var out []string
+	me := fmt.Sprint(os.Getpid())
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		s := string(b)
+		if i := strings.LastIndexByte(s, ')'); i > 0 {
+			if f := strings.Fields(s[i+1:]); len(f) > 1 && f[1] == me {
+				out = append(out, s[:i+1])
+			}
+		}
+	}
+	return out
+}
+
 func TestInProcessLifecycle(t *testing.T) {
+	before := goleak.IgnoreCurrent()
 	rt := NewInProcess(t)
 	ctx := context.Background()
 	ws := sandboxWorkspace(t, WorkspaceRoot(t), "ws")
@@ -80,6 +107,9 @@ func TestInProcessLifecycle(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(ws, "made.txt")); string(b) != "hi" {
 		t.Errorf("the run's file on the host: %q %v", b, err)
+	}
+	if len(children(t)) == 0 {
+		t.Error("no child process while the sandbox runs: the check after destroy sees nothing")
 	}
 
 	// Paused: refused at once, new connection or kept one.
@@ -119,6 +149,14 @@ func TestInProcessLifecycle(t *testing.T) {
 	}
 	if err := rt.Destroy(ctx, "one"); err != nil {
 		t.Fatal(err)
+	}
+	c.Close()
+	// Nothing of the sandbox is left: no goroutine, no process.
+	if err := goleak.Find(before, goleak.IgnoreAnyFunction("os/signal.loop")); err != nil {
+		t.Errorf("after destroy: %v", err)
+	}
+	if ps := children(t); len(ps) != 0 {
+		t.Errorf("after destroy, processes: %q", ps)
 	}
 	if _, err := rt.Inspect(ctx, "one"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("inspect after destroy: %v, want not found", err)
