@@ -290,7 +290,8 @@ func (s *Service) Submit(ctx context.Context, tenant, sessionID string, req api.
 		env := maps.Clone(sess.Config.Env)
 		maps.Copy(env, rreq.Env)
 		rreq.Env = env
-		if err := rreq.Validate(); err != nil {
+		check := *rreq // Validate would fill in the cwd (toRunRequest)
+		if err := check.Validate(); err != nil {
 			return nil, fmt.Errorf("env_vars with the session's: %w", err)
 		}
 	}
@@ -355,6 +356,11 @@ func toRunRequest(req api.ExecuteRequest) (*wire.RunRequest, error) {
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}
+	// Validate's cwd is "/workspace", where a container mounts the
+	// workspace; where the workspace is is the executor's to say (the
+	// in-process runtime of the tests has it at a host path), and it
+	// takes its own for a run that names none.
+	r.Cwd = ""
 	return r, nil
 }
 
