@@ -144,7 +144,7 @@ for i in range(50):
 	add(row{name: fmt.Sprintf("(l) HTTP hibernate an empty session (%d sessions)", *hibernated), p50: hib.p(50), p99: hib.p(99)})
 	add(row{name: fmt.Sprintf("    process RSS growth holding %d hibernated sessions", *hibernated), mem: max(rss-min(rss, rss0), 1), goal: "tens of MB"})
 	t0 = time.Now()
-	acted := cp.app.Sessions.Reap(ctx, time.Now())
+	acted := cp.app.Sessions.Reaper().Pass(ctx, time.Now())
 	add(row{name: fmt.Sprintf("    a reaper pass with %d hibernated sessions (none due)", *hibernated), p50: time.Since(t0), vs: fmt.Sprintf("%d acted on", acted)})
 }
 

@@ -445,10 +445,10 @@ func benchScaleReaper(ctx context.Context, env *scaleEnv, add func(row)) {
 		}
 		var r result
 		for range 5 {
-			cp.app.Sessions.Reap(ctx, time.Now())
+			cp.app.Sessions.Reaper().Pass(ctx, time.Now())
 		}
 		r.idle = measure(100, func() {
-			if acted := cp.app.Sessions.Reap(ctx, time.Now()); acted != 0 {
+			if acted := cp.app.Sessions.Reaper().Pass(ctx, time.Now()); acted != 0 {
 				log.Fatalf("a reaper pass acted on %d sessions; none is due", acted)
 			}
 		})
@@ -456,7 +456,7 @@ func benchScaleReaper(ctx context.Context, env *scaleEnv, add func(row)) {
 		t0 := time.Now()
 		for {
 			s0 := time.Now()
-			acted := cp.app.Sessions.Reap(ctx, later)
+			acted := cp.app.Sessions.Reaper().Pass(ctx, later)
 			if acted == 0 {
 				break
 			}

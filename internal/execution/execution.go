@@ -552,7 +552,7 @@ func (s *Service) finish(r *Run, res *wire.Result, fail *api.ExecError) {
 	// The session keeps its tenant's share of history: as each
 	// execution ends, the oldest finished ones beyond it go. (Pending and
 	// running ones stay; the last of them to end trims.)
-	if keep := s.opt.Sessions.History(rec.Tenant); keep > 0 {
+	if keep := s.opt.Sessions.Limits(rec.Tenant).History; keep > 0 {
 		if _, err := s.opt.Store.TrimExecutions(context.Background(), rec.Tenant, rec.SessionID, keep); err != nil {
 			s.log.Warn("trimming execution history", "tenant", rec.Tenant, "session", rec.SessionID, "err", err)
 		}

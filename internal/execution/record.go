@@ -208,7 +208,7 @@ type historySize struct {
 // writes: the store may hold up to the bound once per replica between two
 // counts.
 func (s *Service) keepHistorySize(tenant string, added int64) {
-	limit := s.opt.Sessions.HistoryBytes(tenant)
+	limit := s.opt.Sessions.Limits(tenant).HistoryMB << 20
 	if limit <= 0 {
 		return
 	}

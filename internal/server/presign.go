@@ -101,7 +101,7 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file workspace.
 		s.writeError(w, r, tooLarge(size))
 		return
 	}
-	if err := s.opt.Sessions.AdmitStored(r.Context(), tenant(r)); err != nil {
+	if err := s.opt.Sessions.Stored().Admit(r.Context(), tenant(r)); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -109,7 +109,7 @@ func (s *Server) presign(w http.ResponseWriter, r *http.Request, file workspace.
 	// The sandbox can change the file at any moment: the bytes are read
 	// once, and what was hashed is what is stored.
 	obj, err := s.opt.Objects.PutObject(r.Context(), presignObjects(ns), "", file, max, expires.Add(presignGrace))
-	s.opt.Sessions.AddStored(tenant(r), obj.NewBytes)
+	s.opt.Sessions.Stored().Add(tenant(r), obj.NewBytes)
 	if errors.Is(err, errdefs.ErrResourceExhausted) {
 		err = tooLarge(max + 1) // it grew meanwhile
 	}

@@ -179,12 +179,12 @@ func (s *Server) putContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	t := tenant(r)
-	if err := s.opt.Sessions.AdmitStored(r.Context(), t); err != nil {
+	if err := s.opt.Sessions.Stored().Admit(r.Context(), t); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
 	obj, err := s.opt.Objects.PutObject(r.Context(), t, sum, r.Body, maxResourceBytes, time.Now().Add(resourceKeep))
-	s.opt.Sessions.AddStored(t, obj.NewBytes)
+	s.opt.Sessions.Stored().Add(t, obj.NewBytes)
 	if err != nil {
 		if errors.Is(err, errdefs.ErrResourceExhausted) {
 			err = withStatus(http.StatusRequestEntityTooLarge, "payload_too_large", err)

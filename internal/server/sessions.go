@@ -153,7 +153,7 @@ func (s *Server) hibernateSession(w http.ResponseWriter, r *http.Request) {
 
 // createSnapshot: POST /sessions/{id}/snapshots.
 func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.opt.Sessions.CreateSnapshot(r.Context(), tenant(r), r.PathValue("session_id"))
+	snap, err := s.opt.Sessions.Snapshots().Create(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -163,7 +163,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // listSnapshots: GET /sessions/{id}/snapshots.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
-	list, err := s.opt.Sessions.Snapshots(r.Context(), tenant(r), r.PathValue("session_id"))
+	list, err := s.opt.Sessions.Snapshots().List(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -173,7 +173,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 
 // getSnapshot: GET /sessions/{id}/snapshots/{snapshot_id}.
 func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
-	snap, err := s.opt.Sessions.Snapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
+	snap, err := s.opt.Sessions.Snapshots().Get(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -183,7 +183,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // deleteSnapshot: DELETE /sessions/{id}/snapshots/{snapshot_id}.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.opt.Sessions.DeleteSnapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id")); err != nil {
+	if err := s.opt.Sessions.Snapshots().Delete(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id")); err != nil {
 		s.writeError(w, r, err)
 		return
 	}
@@ -192,7 +192,7 @@ func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
 
 // restoreSnapshot: POST /sessions/{id}/snapshots/{snapshot_id}/restore.
 func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
-	sess, err := s.opt.Sessions.RestoreSnapshot(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
+	sess, err := s.opt.Sessions.Snapshots().Restore(r.Context(), tenant(r), r.PathValue("session_id"), r.PathValue("snapshot_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -29,7 +29,7 @@ func TestIdleWithoutPauseHibernates(t *testing.T) {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "s")
-	if got := m.Reap(ctx, time.Now().Add(61*time.Second)); got != 1 {
+	if got := m.Reaper().Pass(ctx, time.Now().Add(61*time.Second)); got != 1 {
 		t.Fatalf("the reaper acted on %d sessions at the idle timeout, want 1", got)
 	}
 	if s, err := m.Get(ctx, "t", "s"); err != nil || s.Status != api.StatusHibernated {
@@ -53,7 +53,7 @@ func TestIdleWithPausePauses(t *testing.T) {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "s")
-	m.Reap(ctx, time.Now().Add(61*time.Second))
+	m.Reaper().Pass(ctx, time.Now().Add(61*time.Second))
 	if s, err := m.Get(ctx, "t", "s"); err != nil || s.Status != api.StatusPaused || rt.Count(runtime.StatePaused) != 1 {
 		t.Fatalf("after the idle timeout: %v, %d frozen; want paused", statusOf(s, err), rt.Count(runtime.StatePaused))
 	}

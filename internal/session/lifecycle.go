@@ -6,15 +6,11 @@ import (
 	"fmt"
 	"os"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
@@ -408,7 +404,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 		}
 	}
 	_, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), hibernatedKey(k), prev)
-	m.AddStored(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
+	m.Stored().Add(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
 	mine := e.sb == sb
@@ -500,72 +496,6 @@ func toAPISnapshot(k key, id string, mf *snapshot.Manifest) api.Snapshot {
 	}
 }
 
-// CreateSnapshot saves the session's workspace as a snapshot: files
-// unchanged since the last snapshot are not read again, and content the
-// blob store has already is not stored twice. A running sandbox is frozen
-// for the copy, so the snapshot is of one moment.
-func (m *Manager) CreateSnapshot(ctx context.Context, tenant, id string) (*api.Snapshot, error) {
-	if m.opt.Snapshots == nil {
-		return nil, fmt.Errorf("snapshots need a blob store, and this server has none: %w", errdefs.ErrUnavailable)
-	}
-	k := key{tenant, id}
-	unlock, err := m.locks.lock(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	rec, err := m.live(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.sync(ctx, rec); err != nil {
-		return nil, err
-	}
-	if max := m.limits(tenant).Snapshots; max > 0 {
-		have := 0
-		if err := m.opt.Snapshots.List(ctx, snapshotPrefix(k), func(blob.Info) error { have++; return nil }); err != nil {
-			return nil, err
-		}
-		if have >= max {
-			return nil, quotaError(tenant, "snapshots of session "+strconv.Quote(id), have, 1, max, "delete one of its snapshots first")
-		}
-	}
-	if err := m.AdmitStored(ctx, tenant); err != nil {
-		return nil, err
-	}
-	if rec.Status == api.StatusHibernated {
-		if _, err = m.restoreHibernated(ctx, rec); err != nil {
-			return nil, err
-		}
-	}
-	// The sandbox is frozen for the copy and marked paused, and e.mu is
-	// let go: the copy can take minutes, and e.mu is the session's
-	// everyday lock. An execution that comes meanwhile finds the sandbox
-	// paused and waits for the session's lock in wakeUp.
-	e := m.entry(k)
-	e.mu.Lock()
-	sb, prev := e.held(), e.snap
-	if e.sbState == sandboxRunning {
-		if err := freezeSandbox(ctx, sb); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
-			defer m.thaw(context.WithoutCancel(ctx), e, sb)
-		}
-	}
-	e.unlock()
-	sid := newSnapshotID()
-	mf, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), snapshotKey(k, sid), prev)
-	m.AddStored(tenant, st.NewBytes+st.Manifest)
-	if err != nil {
-		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
-	}
-	e.mu.Lock()
-	e.snap = mf
-	e.unlock()
-	m.emit(ctx, api.EventSessionSnapshot, rec, api.EventData{SnapshotID: sid})
-	out := toAPISnapshot(k, sid, mf)
-	out.NewBytes = &st.NewBytes
-	return &out, nil
-}
-
 // thaw resumes sb, frozen for a snapshot, unless it is no longer the
 // session's sandbox.
 func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox.Sandbox) {
@@ -593,173 +523,4 @@ func (m *Manager) live(ctx context.Context, k key) (*store.Session, error) {
 		return nil, fmt.Errorf("session %q is terminated: %w", k.id, errdefs.ErrNotFound)
 	}
 	return rec, nil
-}
-
-// Snapshots lists the session's snapshots, oldest first.
-func (m *Manager) Snapshots(ctx context.Context, tenant, id string) ([]api.Snapshot, error) {
-	k := key{tenant, id}
-	if _, err := m.live(ctx, k); err != nil {
-		return nil, err
-	}
-	out := []api.Snapshot{}
-	if m.opt.Snapshots == nil {
-		return out, nil
-	}
-	// In order of keys, which is of ids, which is of time.
-	err := m.opt.Snapshots.List(ctx, snapshotPrefix(k), func(info blob.Info) error {
-		sid := strings.TrimPrefix(info.Key, snapshotPrefix(k))
-		mf, err := m.opt.Snapshots.Load(ctx, info.Key)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return nil // deleted meanwhile
-		}
-		if err != nil {
-			return err
-		}
-		out = append(out, toAPISnapshot(k, sid, mf))
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// Snapshot describes one snapshot; ErrNotFound if the session has none of
-// that id.
-func (m *Manager) Snapshot(ctx context.Context, tenant, id, sid string) (*api.Snapshot, error) {
-	k := key{tenant, id}
-	if _, err := m.live(ctx, k); err != nil {
-		return nil, err
-	}
-	mf, err := m.loadSnapshot(ctx, k, sid)
-	if err != nil {
-		return nil, err
-	}
-	out := toAPISnapshot(k, sid, mf)
-	return &out, nil
-}
-
-func (m *Manager) loadSnapshot(ctx context.Context, k key, sid string) (*snapshot.Manifest, error) {
-	if m.opt.Snapshots == nil || !snapshotIDPattern.MatchString(sid) {
-		return nil, fmt.Errorf("snapshot %q: %w", sid, errdefs.ErrNotFound)
-	}
-	mf, err := m.opt.Snapshots.Load(ctx, snapshotKey(k, sid))
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return nil, fmt.Errorf("snapshot %q: %w", sid, errdefs.ErrNotFound)
-	}
-	return mf, err
-}
-
-// DeleteSnapshot removes a snapshot; its content goes with the next
-// collection of what no snapshot references.
-func (m *Manager) DeleteSnapshot(ctx context.Context, tenant, id, sid string) error {
-	k := key{tenant, id}
-	unlock, err := m.locks.lock(ctx, k)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	if _, err := m.live(ctx, k); err != nil {
-		return err
-	}
-	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {
-		return err
-	}
-	return m.opt.Snapshots.Delete(ctx, snapshotKey(k, sid))
-}
-
-// RestoreSnapshot replaces the session's workspace with a snapshot's
-// . The sandbox is destroyed first: its processes and contexts
-// belonged to the workspace that goes; the next execution gets a new one.
-// The new workspace takes the old one's place in one atomic exchange.
-func (m *Manager) RestoreSnapshot(ctx context.Context, tenant, id, sid string) (*Session, error) {
-	k := key{tenant, id}
-	unlock, err := m.locks.lock(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	rec, err := m.live(ctx, k)
-	if err != nil {
-		return nil, err
-	}
-	if err := m.sync(ctx, rec); err != nil {
-		return nil, err
-	}
-	if _, err := m.loadSnapshot(ctx, k, sid); err != nil {
-		return nil, err
-	}
-	// Another replica's executions and file calls hold it off too: the
-	// sandbox and the workspace they use go.
-	if err := m.busyElsewhere(ctx, rec, api.StatusRunning); err != nil {
-		return nil, err
-	}
-	e := m.entry(k)
-	e.mu.Lock()
-	if err := e.busy(rec, api.StatusRunning); err != nil {
-		e.unlock()
-		return nil, err
-	}
-	sb := e.drop()
-	e.snap = nil
-	e.unlock()
-	if sb != nil {
-		m.sbx.Destroy(ctx, sb)
-	} else if rec.SandboxID != "" {
-		m.sbx.DestroyRecorded(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
-	}
-	rec.SandboxID = ""
-	s, err := m.decode(rec)
-	if err != nil {
-		return nil, err
-	}
-	fresh, _, err := m.ws.Restore(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
-	if err != nil {
-		if serr := m.save(ctx, rec); serr != nil {
-			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
-		}
-		return nil, fmt.Errorf("session %q: restoring snapshot %s: %w", id, sid, err)
-	}
-	dir := m.ws.Dir(k.tenant, k.id)
-	err = unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
-	switch {
-	case err == nil:
-		if err := m.ws.Discard(fresh); err != nil { // now the old workspace
-			m.log.Error("removing a replaced workspace", "session", id, "err", err)
-		}
-	case errors.Is(err, unix.ENOENT): // hibernated: no workspace on the host
-		if err := os.Rename(fresh, dir); err != nil {
-			return nil, err
-		}
-	default:
-		m.ws.Remove(context.WithoutCancel(ctx), fresh)
-		return nil, fmt.Errorf("session %q: putting the restored workspace in place: %w", id, err)
-	}
-	if rec.Status == api.StatusHibernated {
-		if err := m.opt.Snapshots.Delete(ctx, hibernatedKey(k)); err != nil {
-			m.log.Warn("removing a hibernated workspace's manifest", "session", id, "err", err)
-		}
-	}
-	rec.LastActivityAt = time.Now().UTC()
-	if rec, err = m.move(ctx, rec, api.StatusRunning, ""); err != nil {
-		return nil, err
-	}
-	m.emit(ctx, api.EventSessionSnapshotRestored, rec, api.EventData{SnapshotID: sid})
-	return m.decode(rec)
-}
-
-// dropSnapshots removes the session's snapshots and hibernated workspace.
-func (m *Manager) dropSnapshots(ctx context.Context, k key) {
-	if m.opt.Snapshots == nil {
-		return
-	}
-	err := m.opt.Snapshots.List(ctx, k.tenant+"/"+k.id+"/", func(info blob.Info) error {
-		if err := m.opt.Snapshots.Delete(ctx, info.Key); err != nil {
-			m.log.Warn("removing a deleted session's snapshot", "session", k.id, "err", err)
-		}
-		return nil
-	})
-	if err != nil {
-		m.log.Warn("listing a deleted session's snapshots", "session", k.id, "err", err)
-	}
 }

@@ -51,21 +51,31 @@ type Limits struct {
 	ChatTokens int64 `json:"chat_tokens,omitempty"`
 }
 
-// limits are the tenant's limits.
-func (m *Manager) limits(tenant string) Limits {
-	if m.opt.Limits == nil {
-		return Limits{}
-	}
-	return m.opt.Limits(tenant)
+// Limits are the tenant's limits.
+func (m *Manager) Limits(tenant string) Limits { return m.admission.limits(tenant) }
+
+// admission holds tenants to their Limits, and the server to the disk its
+// workspace file system backs: the checks made before a session is
+// recorded or a sandbox started, and what they hold meanwhile.
+type admission struct {
+	opt *Options // Limits, Store, DiskCapacityMB
+	// live sums what the tenant's live sandboxes hold (Manager.usage).
+	live func(tenant string) (n int, memMB int64, cpu float64)
+
+	// sandboxes is held from a tenant's sandbox quota check until the
+	// start it admits is on its entry; tenants serializes the session
+	// quota check of one tenant with the insert it admits.
+	sandboxes sync.Mutex
+	tenants   tenantLocks
+	disk      diskPromises
 }
 
-// History is how many executions each of the tenant's sessions keeps; 0
-// is all of them.
-func (m *Manager) History(tenant string) int { return m.limits(tenant).History }
-
-// HistoryBytes is what the tenant's executions may take in the store, in
-// bytes; 0 is no bound.
-func (m *Manager) HistoryBytes(tenant string) int64 { return m.limits(tenant).HistoryMB << 20 }
+func (a *admission) limits(tenant string) Limits {
+	if a.opt.Limits == nil {
+		return Limits{}
+	}
+	return a.opt.Limits(tenant)
+}
 
 // quotaError is what every refusal looks like: 429 with Retry-After at
 // the edge, and a message naming the limit.
@@ -100,10 +110,10 @@ func (t *tenantLocks) lock(tenant string) func() {
 // store diskMB, and that the workspace file system can back it. The
 // caller holds the tenant's lock until the session is recorded, and then
 // calls release.
-func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64) (release func(), err error) {
+func (a *admission) admitSession(ctx context.Context, tenant string, diskMB int64) (release func(), err error) {
 	// The tenant's own limits first: they name what the tenant can change.
-	if l := m.limits(tenant); l.Sessions > 0 || l.DiskMB > 0 {
-		u, err := m.opt.Store.TenantUsage(ctx, tenant)
+	if l := a.limits(tenant); l.Sessions > 0 || l.DiskMB > 0 {
+		u, err := a.opt.Store.TenantUsage(ctx, tenant)
 		if err != nil {
 			return nil, err
 		}
@@ -114,7 +124,7 @@ func (m *Manager) admitSession(ctx context.Context, tenant string, diskMB int64)
 			return nil, quotaError(tenant, "disk (MiB, the sum of its sessions' resources.disk)", u.DiskMB, diskMB, l.DiskMB, "delete a session or ask for less disk")
 		}
 	}
-	return m.admitDisk(ctx, diskMB)
+	return a.admitDisk(ctx, diskMB)
 }
 
 // diskPromises are the disk quotas of sessions being created: admitted,
@@ -130,24 +140,24 @@ type diskPromises struct {
 // admitDisk checks that the disk quotas of every tenant's sessions, with
 // diskMB more, stay within what the workspace file system backs
 // (Options.DiskCapacityMB), and holds diskMB as promised until release.
-func (m *Manager) admitDisk(ctx context.Context, diskMB int64) (release func(), err error) {
-	capMB := m.opt.DiskCapacityMB
+func (a *admission) admitDisk(ctx context.Context, diskMB int64) (release func(), err error) {
+	capMB := a.opt.DiskCapacityMB
 	if capMB <= 0 {
 		return func() {}, nil
 	}
-	m.disk.mu.Lock()
-	m.disk.pending += diskMB
-	pending := m.disk.pending
-	m.disk.mu.Unlock()
+	a.disk.mu.Lock()
+	a.disk.pending += diskMB
+	pending := a.disk.pending
+	a.disk.mu.Unlock()
 	var once sync.Once
 	release = func() {
 		once.Do(func() {
-			m.disk.mu.Lock()
-			m.disk.pending -= diskMB
-			m.disk.mu.Unlock()
+			a.disk.mu.Lock()
+			a.disk.pending -= diskMB
+			a.disk.mu.Unlock()
 		})
 	}
-	u, err := m.opt.Store.TotalUsage(ctx)
+	u, err := a.opt.Store.TotalUsage(ctx)
 	if err != nil {
 		release()
 		return nil, err
@@ -185,14 +195,14 @@ func (m *Manager) usage(tenant string) (n int, memMB int64, cpu float64) {
 }
 
 // admitSandbox checks that the session's tenant may have one more live
-// sandbox of the session's size. The caller holds m.admit until the start
+// sandbox of the session's size. The caller holds a.sandboxes until the start
 // is registered on the entry.
-func (m *Manager) admitSandbox(s *Session) error {
-	l := m.limits(s.Tenant)
+func (a *admission) admitSandbox(s *Session) error {
+	l := a.limits(s.Tenant)
 	if l.Sandboxes == 0 && l.MemoryMB == 0 && l.CPU == 0 {
 		return nil
 	}
-	n, mem, cpu := m.usage(s.Tenant)
+	n, mem, cpu := a.live(s.Tenant)
 	r := s.Config.Resources
 	const how = "pause or delete one of its sessions, or try again later"
 	switch {

@@ -106,7 +106,7 @@ func TestSandboxQuotas(t *testing.T) {
 		{"cpu", 256, 0.6, true},
 	} {
 		s := mk("t", tc.name, tc.mem, tc.cpu)
-		err := m.admitSandbox(s)
+		err := m.admission.admitSandbox(s)
 		if got := errors.Is(err, errdefs.ErrResourceExhausted); got != tc.exceeded {
 			t.Errorf("%s: admit = %v, want exceeded %v", tc.name, err, tc.exceeded)
 		}
@@ -126,7 +126,7 @@ func TestSandboxQuotas(t *testing.T) {
 	}
 	// Another tenant is unaffected.
 	o := mk("o", "x", 4096, 4)
-	if err := m.admitSandbox(o); err != nil {
+	if err := m.admission.admitSandbox(o); err != nil {
 		t.Errorf("another tenant: %v", err)
 	}
 }
@@ -134,8 +134,8 @@ func TestSandboxQuotas(t *testing.T) {
 func TestHistoryLimit(t *testing.T) {
 	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"t": {History: 7}})
-	if m.History("t") != 7 || m.History("u") != 0 {
-		t.Errorf("History = %d, %d", m.History("t"), m.History("u"))
+	if m.Limits("t").History != 7 || m.Limits("u").History != 0 {
+		t.Errorf("History = %d, %d", m.Limits("t").History, m.Limits("u").History)
 	}
 }
 
@@ -148,19 +148,19 @@ func TestSnapshotLimit(t *testing.T) {
 	}
 	var ids []string
 	for range 2 {
-		snap, err := m.CreateSnapshot(ctx, "t", "s")
+		snap, err := m.Snapshots().Create(ctx, "t", "s")
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, snap.SnapshotID)
 	}
-	if _, err := m.CreateSnapshot(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, err := m.Snapshots().Create(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("third snapshot: %v, want the limit", err)
 	}
-	if err := m.DeleteSnapshot(ctx, "t", "s", ids[0]); err != nil {
+	if err := m.Snapshots().Delete(ctx, "t", "s", ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.CreateSnapshot(ctx, "t", "s"); err != nil {
+	if _, err := m.Snapshots().Create(ctx, "t", "s"); err != nil {
 		t.Errorf("a snapshot after deleting one: %v", err)
 	}
 }
@@ -188,31 +188,31 @@ func TestStoredLimit(t *testing.T) {
 	var ids []string
 	for i := range 2 { // 3 MiB stored, then 6: the second is let in under the limit
 		fill("t", fmt.Sprint(i))
-		snap, err := m.CreateSnapshot(ctx, "t", "s")
+		snap, err := m.Snapshots().Create(ctx, "t", "s")
 		if err != nil {
 			t.Fatalf("snapshot %d: %v", i, err)
 		}
 		ids = append(ids, snap.SnapshotID)
 	}
-	if n, err := m.Stored(ctx, "t"); err != nil || n < 6<<20 || n > 7<<20 {
+	if n, err := m.Stored().Bytes(ctx, "t"); err != nil || n < 6<<20 || n > 7<<20 {
 		t.Errorf("stored: %d bytes, %v; want 6 MiB and a manifest", n, err)
 	}
-	_, err := m.CreateSnapshot(ctx, "t", "s")
+	_, err := m.Snapshots().Create(ctx, "t", "s")
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "stored") {
 		t.Fatalf("a snapshot past the limit: %v", err)
 	}
 	fill("u", "0")
-	if _, err := m.CreateSnapshot(ctx, "u", "s"); err != nil {
+	if _, err := m.Snapshots().Create(ctx, "u", "s"); err != nil {
 		t.Errorf("another tenant's snapshot: %v", err)
 	}
 	// A fresh count from the blob store (another server's, or after a
 	// restart) says the same.
-	m.StoredCollected()
-	if _, err := m.CreateSnapshot(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	m.Stored().Collected()
+	if _, err := m.Snapshots().Create(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("a snapshot past the limit, counted afresh: %v", err)
 	}
 	for _, id := range ids {
-		if err := m.DeleteSnapshot(ctx, "t", "s", id); err != nil {
+		if err := m.Snapshots().Delete(ctx, "t", "s", id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -222,8 +222,8 @@ func TestStoredLimit(t *testing.T) {
 	if _, err := m.opt.Snapshots.Collect(ctx, 0); err != nil {
 		t.Fatal(err)
 	}
-	m.StoredCollected()
-	if _, err := m.CreateSnapshot(ctx, "t", "s"); err != nil {
+	m.Stored().Collected()
+	if _, err := m.Snapshots().Create(ctx, "t", "s"); err != nil {
 		t.Errorf("a snapshot once collected: %v", err)
 	}
 }
@@ -238,14 +238,14 @@ func TestSnapshotsListedAndDropped(t *testing.T) {
 	}
 	var ids []string
 	for range 3 {
-		snap, err := m.CreateSnapshot(ctx, "t", "s")
+		snap, err := m.Snapshots().Create(ctx, "t", "s")
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, snap.SnapshotID)
 	}
 	slices.Sort(ids)
-	list, err := m.Snapshots(ctx, "t", "s")
+	list, err := m.Snapshots().List(ctx, "t", "s")
 	var got []string
 	for _, s := range list {
 		got = append(got, s.SnapshotID)

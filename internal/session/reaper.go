@@ -21,11 +21,19 @@ const (
 	collectGrace = time.Hour
 )
 
-// reaper is the one background loop of R-62: every ReapInterval it takes
+// Reaper is the one background loop of R-62: every ReapInterval it takes
 // the sessions that are due (from an index of the store, not a scan) and
-// pauses, hibernates or terminates them. It takes only the locks of the
-// sessions it works on, and only when no request holds them.
-func (m *Manager) reaper() {
+// pauses, hibernates or terminates them, and it runs the blob store's
+// collector. It takes only the locks of the sessions it works on, and only
+// when no request holds them. Only the leader reaps.
+type Reaper struct{ m *Manager }
+
+// Reaper is the sessions' reaper.
+func (m *Manager) Reaper() *Reaper { return &Reaper{m} }
+
+// run is the loop.
+func (r *Reaper) run() {
+	m := r.m
 	defer m.wg.Done()
 	t := time.NewTicker(m.opt.ReapInterval)
 	defer t.Stop()
@@ -36,10 +44,10 @@ func (m *Manager) reaper() {
 			return
 		case <-t.C:
 		}
-		if m.opt.Leader != nil && !m.leader() {
+		if m.opt.Leader != nil && !r.leader() {
 			continue // another replica reaps and collects
 		}
-		m.Reap(m.ctx, time.Now())
+		r.Pass(m.ctx, time.Now())
 		if m.shared() && m.opt.Alive != nil && time.Since(swept) > sweepEvery {
 			swept = time.Now()
 			m.sweep(m.ctx)
@@ -47,7 +55,7 @@ func (m *Manager) reaper() {
 		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
 			collected = time.Now()
 			c, err := m.opt.Snapshots.Collect(m.ctx, collectGrace)
-			m.StoredCollected()
+			m.Stored().Collected()
 			for _, key := range c.Unreadable {
 				m.log.Error("a snapshot manifest cannot be read; its snapshot cannot be restored", "manifest", key)
 			}
@@ -65,7 +73,8 @@ func (m *Manager) reaper() {
 // renewal of the leader's lease cut short could still land in the store
 // after the lease was given up at shutdown, holding it for nobody until
 // it ran out.
-func (m *Manager) leader() bool {
+func (r *Reaper) leader() bool {
+	m := r.m
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(m.ctx), 10*time.Second)
 	defer cancel()
 	return m.opt.Leader(ctx)
@@ -75,9 +84,10 @@ func (m *Manager) leader() bool {
 // milliseconds, a hibernation as long as its workspace takes to save.
 const reapWorkers = 2
 
-// Reap does one pass of the reaper over the sessions due by now, at most
+// Pass does one pass of the reaper over the sessions due by now, at most
 // ReapBatch of them, and returns how many it acted on.
-func (m *Manager) Reap(ctx context.Context, now time.Time) int {
+func (r *Reaper) Pass(ctx context.Context, now time.Time) int {
+	m := r.m
 	start := time.Now()
 	due, err := m.opt.Store.ListDueSessions(ctx, now, m.opt.ReapBatch)
 	if err != nil {
@@ -95,7 +105,7 @@ func (m *Manager) Reap(ctx context.Context, now time.Time) int {
 		go func() {
 			defer wg.Done()
 			for rec := range work {
-				if m.reapOne(ctx, rec, now) {
+				if r.reapOne(ctx, rec, now) {
 					mu.Lock()
 					acted++
 					mu.Unlock()
@@ -116,7 +126,8 @@ func (m *Manager) Reap(ctx context.Context, now time.Time) int {
 // anything. A session whose lock a request holds is left for the next
 // pass; one that cannot be acted on (an execution running, a start in
 // flight, an error) is looked at again a little later.
-func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time) bool {
+func (r *Reaper) reapOne(ctx context.Context, due *store.Session, now time.Time) bool {
+	m := r.m
 	k := key{due.Tenant, due.ID}
 	unlock, ok := m.locks.tryLock(ctx, k)
 	if !ok {
@@ -147,7 +158,7 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 		// its memory paused as much as running: it hibernates at once.
 		m.opt.Snapshots != nil && !m.canPause(ctx, rec):
 		if m.opt.Snapshots == nil {
-			return m.postpone(ctx, rec, rec.ExpiresAt)
+			return r.postpone(ctx, rec, rec.ExpiresAt)
 		}
 		action = "hibernate"
 		_, err = m.hibernateAs(ctx, rec, true)
@@ -164,13 +175,13 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 		// next waits a hibernation timeout (the TTL still ends it).
 		if errors.Is(err, errdefs.ErrResourceExhausted) {
 			if s, derr := m.decode(rec); derr == nil && s.Config.HibernateTimeout > 0 {
-				return m.postpone(ctx, rec, now.Add(time.Duration(s.Config.HibernateTimeout)*time.Second))
+				return r.postpone(ctx, rec, now.Add(time.Duration(s.Config.HibernateTimeout)*time.Second))
 			}
 		}
 		// Busy or failing: look again when the idle timeout has passed
 		// once more, at most a minute from now.
 		var cfg Config
-		m.postpone(ctx, rec, now.Add(min(time.Minute, m.idleTimeout(rec, &cfg))))
+		r.postpone(ctx, rec, now.Add(min(time.Minute, r.idleTimeout(rec, &cfg))))
 		return false
 	}
 	if action == "expire" {
@@ -180,7 +191,8 @@ func (m *Manager) reapOne(ctx context.Context, due *store.Session, now time.Time
 }
 
 // idleTimeout is the session's pause timeout.
-func (m *Manager) idleTimeout(rec *store.Session, cfg *Config) time.Duration {
+func (r *Reaper) idleTimeout(rec *store.Session, cfg *Config) time.Duration {
+	m := r.m
 	if s, err := m.decode(rec); err == nil && s.Config.IdleTimeout > 0 {
 		return time.Duration(s.Config.IdleTimeout) * time.Second
 	}
@@ -190,7 +202,8 @@ func (m *Manager) idleTimeout(rec *store.Session, cfg *Config) time.Duration {
 // postpone writes a later due time than the schedule would, for a session
 // the reaper cannot act on now. It re-reads the record: the failed action
 // may have changed it.
-func (m *Manager) postpone(ctx context.Context, rec *store.Session, until time.Time) bool {
+func (r *Reaper) postpone(ctx context.Context, rec *store.Session, until time.Time) bool {
+	m := r.m
 	cur, err := m.opt.Store.GetSession(ctx, rec.Tenant, rec.ID)
 	if err != nil || cur.Status == api.StatusTerminated {
 		return false

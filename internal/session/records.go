@@ -142,9 +142,9 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	}
 	rec.DueAt = dueAt(rec, cfg, m.opt.Defaults)
 	// The tenant's quotas hold from this check until the record is in.
-	unlockTenant := m.tenants.lock(tenant)
+	unlockTenant := m.admission.tenants.lock(tenant)
 	defer unlockTenant()
-	release, err := m.admitSession(ctx, tenant, cfg.Resources.Disk)
+	release, err := m.admission.admitSession(ctx, tenant, cfg.Resources.Disk)
 	if err != nil {
 		return nil, false, err
 	}
@@ -270,7 +270,7 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
 		m.log.Error("removing workspace", "session", k.id, "err", err)
 	}
-	m.dropSnapshots(ctx, k)
+	m.Snapshots().drop(ctx, k)
 	if err := m.opt.Store.DeleteExecutions(ctx, k.tenant, k.id); err != nil {
 		return nil, err
 	}

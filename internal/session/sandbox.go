@@ -195,14 +195,14 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 	}
 	// The checks hold until the start is on the entry, where the next
 	// check counts it.
-	m.admit.Lock()
-	defer m.admit.Unlock()
+	m.admission.sandboxes.Lock()
+	defer m.admission.sandboxes.Unlock()
 	if max := m.opt.MaxSandboxes; max > 0 {
 		if n := m.sandboxes(); n >= max {
 			return nil, false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
 		}
 	}
-	if err := m.admitSandbox(s); err != nil {
+	if err := m.admission.admitSandbox(s); err != nil {
 		return nil, false, fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
 	}
 	e.setRes(s.Config.Resources.Memory, s.Config.Resources.CPU)
@@ -505,7 +505,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.log.Warn("emptying the warm pools' workspaces", "err", err)
 	}
 	m.wg.Add(1)
-	go m.reaper()
+	go m.Reaper().run()
 	if m.shared() {
 		m.wg.Add(1)
 		go m.keepActive()

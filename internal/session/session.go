@@ -164,13 +164,8 @@ type Manager struct {
 	entries  map[key]*entry
 	onDelete []func(tenant, id string)
 
-	// admit is held from a tenant's sandbox quota check until the start
-	// it admits is on its entry (limits.go); tenants serializes the session
-	// quota check of one tenant with the insert it admits.
-	admit   sync.Mutex
-	tenants tenantLocks
-	stored  storedBytes
-	disk    diskPromises
+	admission *admission
+	stored    *Stored
 }
 
 type key struct{ tenant, id string }
@@ -256,6 +251,9 @@ func New(opt Options) *Manager {
 		opt: opt, log: opt.Log, ctx: ctx, stop: stop, entries: map[key]*entry{},
 		locks: newLocker(opt.Store, opt.Replica, opt.Log),
 	}
+	// Options are read when used: tests change them after New.
+	m.admission = &admission{opt: &m.opt, live: m.usage}
+	m.stored = &Stored{snapshots: opt.Snapshots, more: opt.StoredPrefixes, limits: m.admission.limits}
 	m.ws = workspace.NewDirs(workspace.DirsConfig{
 		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
 	})

@@ -168,7 +168,7 @@ func TestReaperThousandSessions(t *testing.T) {
 	base := time.Now()
 	reapAll := func(at time.Duration) (acted, rounds int) {
 		for {
-			k := m.Reap(ctx, base.Add(at))
+			k := m.Reaper().Pass(ctx, base.Add(at))
 			if k == 0 {
 				return acted, rounds
 			}
@@ -177,7 +177,7 @@ func TestReaperThousandSessions(t *testing.T) {
 		}
 	}
 	// Nothing is due yet.
-	if got := m.Reap(ctx, base.Add(30*time.Second)); got != 0 {
+	if got := m.Reaper().Pass(ctx, base.Add(30*time.Second)); got != 0 {
 		t.Errorf("%d sessions acted on before any timeout", got)
 	}
 	// One session is busy: the reaper leaves it.
@@ -231,7 +231,7 @@ func TestReaperSkipsLockedSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan int)
-	go func() { done <- m.Reap(ctx, time.Now().Add(time.Minute)) }()
+	go func() { done <- m.Reaper().Pass(ctx, time.Now().Add(time.Minute)) }()
 	select {
 	case got := <-done:
 		if got != 0 {
@@ -241,7 +241,7 @@ func TestReaperSkipsLockedSessions(t *testing.T) {
 		t.Fatal("the reaper waited on a session's lock")
 	}
 	unlock()
-	if got := m.Reap(ctx, time.Now().Add(time.Minute)); got != 1 {
+	if got := m.Reaper().Pass(ctx, time.Now().Add(time.Minute)); got != 1 {
 		t.Errorf("acted on %d sessions once the lock was free, want 1", got)
 	}
 }
@@ -283,7 +283,7 @@ func TestSnapshotDoesNotBlockCounts(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() {
-		_, err := m.CreateSnapshot(ctx, "t", "slow")
+		_, err := m.Snapshots().Create(ctx, "t", "slow")
 		done <- err
 	}()
 	<-held.held // the snapshot is writing its manifest now

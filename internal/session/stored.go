@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 )
 
 // Stored bytes: what a tenant keeps in the blob store, the chunks
@@ -17,36 +18,43 @@ import (
 // collectors remove them (a deleted snapshot's chunks stay for the grace
 // period of collection), so after each collection the counts are dropped
 // and walked again on next use.
-type storedBytes struct {
+type Stored struct {
+	snapshots *snapshot.Store              // nil: no blob store
+	more      func(tenant string) []string // Options.StoredPrefixes
+	limits    func(tenant string) Limits
+
 	mu    sync.Mutex
 	known map[string]int64
 }
 
-// storedPrefixes are the tenant's prefixes in the blob store.
-func (m *Manager) storedPrefixes(tenant string) []string {
+// Stored is what tenants keep in the blob store.
+func (m *Manager) Stored() *Stored { return m.stored }
+
+// prefixes are the tenant's prefixes in the blob store.
+func (s *Stored) prefixes(tenant string) []string {
 	var p []string
-	if m.opt.Snapshots != nil {
-		p = m.opt.Snapshots.Prefixes(tenant)
+	if s.snapshots != nil {
+		p = s.snapshots.Prefixes(tenant)
 	}
-	if m.opt.StoredPrefixes != nil {
-		p = append(p, m.opt.StoredPrefixes(tenant)...)
+	if s.more != nil {
+		p = append(p, s.more(tenant)...)
 	}
 	return p
 }
 
-// Stored returns what the tenant keeps in the blob store, in bytes.
-func (m *Manager) Stored(ctx context.Context, tenant string) (int64, error) {
-	m.stored.mu.Lock()
-	n, ok := m.stored.known[tenant]
-	m.stored.mu.Unlock()
+// Bytes returns what the tenant keeps in the blob store.
+func (s *Stored) Bytes(ctx context.Context, tenant string) (int64, error) {
+	s.mu.Lock()
+	n, ok := s.known[tenant]
+	s.mu.Unlock()
 	if ok {
 		return n, nil
 	}
-	if m.opt.Snapshots == nil {
+	if s.snapshots == nil {
 		return 0, nil
 	}
-	for _, prefix := range m.storedPrefixes(tenant) {
-		err := m.opt.Snapshots.Blobs().List(ctx, prefix, func(info blob.Info) error {
+	for _, prefix := range s.prefixes(tenant) {
+		err := s.snapshots.Blobs().List(ctx, prefix, func(info blob.Info) error {
 			n += info.Size
 			return nil
 		})
@@ -54,44 +62,44 @@ func (m *Manager) Stored(ctx context.Context, tenant string) (int64, error) {
 			return 0, fmt.Errorf("counting what tenant %q stores: %w", tenant, err)
 		}
 	}
-	m.stored.mu.Lock()
-	defer m.stored.mu.Unlock()
-	if m.stored.known == nil {
-		m.stored.known = map[string]int64{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.known == nil {
+		s.known = map[string]int64{}
 	}
-	if have, ok := m.stored.known[tenant]; ok { // another call walked meanwhile and
+	if have, ok := s.known[tenant]; ok { // another call walked meanwhile and
 		return have, nil // may have counted writes since
 	}
-	m.stored.known[tenant] = n
+	s.known[tenant] = n
 	return n, nil
 }
 
-// AddStored counts n bytes the tenant has just written to the blob store.
-func (m *Manager) AddStored(tenant string, n int64) {
-	m.stored.mu.Lock()
-	if _, ok := m.stored.known[tenant]; ok {
-		m.stored.known[tenant] += n
+// Add counts n bytes the tenant has just written to the blob store.
+func (s *Stored) Add(tenant string, n int64) {
+	s.mu.Lock()
+	if _, ok := s.known[tenant]; ok {
+		s.known[tenant] += n
 	}
-	m.stored.mu.Unlock()
+	s.mu.Unlock()
 }
 
-// StoredCollected drops every count: a collector has removed blobs.
-func (m *Manager) StoredCollected() {
-	m.stored.mu.Lock()
-	m.stored.known = nil
-	m.stored.mu.Unlock()
+// Collected drops every count: a collector has removed blobs.
+func (s *Stored) Collected() {
+	s.mu.Lock()
+	s.known = nil
+	s.mu.Unlock()
 }
 
-// AdmitStored checks that the tenant may write more to the blob store: a
+// Admit checks that the tenant may write more to the blob store: a
 // write is refused once what it stores is at its limit, so a tenant goes
 // past it by one write at most (one snapshot: at most its session's disk
 // quota).
-func (m *Manager) AdmitStored(ctx context.Context, tenant string) error {
-	limit := m.limits(tenant).StoredMB
+func (s *Stored) Admit(ctx context.Context, tenant string) error {
+	limit := s.limits(tenant).StoredMB
 	if limit == 0 {
 		return nil
 	}
-	n, err := m.Stored(ctx, tenant)
+	n, err := s.Bytes(ctx, tenant)
 	if err != nil {
 		return err
 	}
