@@ -6,8 +6,8 @@
 // a sandbox (which one the session has, the template build it runs), the
 // session package writes under the session's lock, from what this
 // package's calls return. What a process does with a session's sandbox at
-// a given moment is the session's sandbox state machine
-// (session/sandboxstate.go).
+// a given moment is the session's Slot (slot.go), which the session
+// package holds and moves.
 package sandbox
 
 import (

@@ -87,10 +87,10 @@ func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool
 	if err := m.fence(ctx, rec, api.StatusPaused, api.StatusPaused, idle); err != nil {
 		return nil, err
 	}
-	if e.sbState == sandboxRunning {
-		err := freezeSandbox(ctx, e.sb)
+	if e.slot.State() == sandbox.SlotRunning {
+		err := freezeSandbox(ctx, e.slot.Held())
 		if err == nil {
-			err = e.moveSandbox(sandboxPaused, nil, nil)
+			err = e.slot.Move(sandbox.SlotPaused, nil, nil)
 		}
 		if err != nil {
 			if _, merr := m.move(context.WithoutCancel(ctx), rec, was, ""); merr != nil {
@@ -154,7 +154,7 @@ func isState(err error, state runtime.State) bool {
 // freezeSandbox freezes sb's processes if its runtime can pause
 // (runtime.Pauser); one frozen already is fine. A sandbox whose runtime
 // cannot (a Pod) is held back by its state in the session alone
-// (sandboxPaused): nothing runs in it, since no execution starts in a
+// (sandbox.SlotPaused): nothing runs in it, since no execution starts in a
 // paused sandbox and none outlives its execution, so a pause keeps what a
 // freeze keeps (the session's processes and memory), a hibernation's copy
 // is as consistent, and only the idle executor goes on using its memory.
@@ -208,7 +208,7 @@ func (m *Manager) canPause(ctx context.Context, rec *store.Session) bool {
 // an execution. The caller holds e.mu.
 func (e *entry) busy(rec *store.Session, to string) error {
 	switch {
-	case e.sbState == sandboxStarting:
+	case e.slot.State() == sandbox.SlotStarting:
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "its sandbox is starting; try again in a moment"}
 	case e.active == 1:
 		return &TransitionError{Session: rec.ID, From: rec.Status, To: to, Why: "an execution is running; wait for it or cancel it"}
@@ -255,15 +255,15 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	// between the freeze and its record leaves the two apart.
 	e := m.entry(k)
 	e.mu.Lock()
-	if e.sbState == sandboxPaused {
-		err := resume(ctx, e.sb)
+	if e.slot.State() == sandbox.SlotPaused {
+		err := resume(ctx, e.slot.Held())
 		if errors.Is(err, errdefs.ErrNotFound) {
 			// Gone: a replica that died between destroying it for a
 			// hibernation and recording that, or a kill from outside. The
 			// session goes on with a new sandbox, as for a lost one.
-			m.log.Warn("a paused session's sandbox is gone; a new one starts over the same workspace", "session", k.id, "sandbox", e.sb.ID)
+			m.log.Warn("a paused session's sandbox is gone; a new one starts over the same workspace", "session", k.id, "sandbox", e.slot.Held().ID)
 			m.opt.Events("lost")
-			e.drop().Client.Close()
+			e.slot.Drop().Client.Close()
 			e.unlock()
 			if rec.SandboxID != "" {
 				if err := m.clearLost(ctx, rec); err != nil {
@@ -273,7 +273,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 			e.mu.Lock()
 		} else {
 			if err == nil {
-				err = e.moveSandbox(sandboxRunning, nil, nil)
+				err = e.slot.Move(sandbox.SlotRunning, nil, nil)
 			}
 			if err != nil {
 				e.unlock()
@@ -380,12 +380,12 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	// The sandbox is frozen, not destroyed, for the copy: a workspace
 	// that cannot be saved (past the snapshot limits, say) leaves the
 	// session as it was, processes and all. File calls wait (saving).
-	sb, prev := e.held(), e.snap
+	sb, prev := e.slot.Held(), e.snap
 	frozen := false
-	if e.sbState == sandboxRunning {
+	if e.slot.State() == sandbox.SlotRunning {
 		err := freezeSandbox(ctx, sb)
 		if err == nil {
-			err = e.moveSandbox(sandboxPaused, nil, nil)
+			err = e.slot.Move(sandbox.SlotPaused, nil, nil)
 		}
 		if err != nil {
 			e.unlock()
@@ -407,7 +407,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	m.Stored().Add(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
-	mine := e.sb == sb
+	mine := e.slot.Held() == sb
 	if err != nil {
 		e.unlock()
 		if frozen && mine {
@@ -417,7 +417,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 		return nil, fmt.Errorf("session %q: saving its workspace: %w", rec.ID, err)
 	}
 	if mine {
-		e.drop()
+		e.slot.Drop()
 	}
 	e.unlock()
 	if sb != nil && mine {
@@ -501,12 +501,12 @@ func toAPISnapshot(k key, id string, mf *snapshot.Manifest) api.Snapshot {
 func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox.Sandbox) {
 	e.mu.Lock()
 	defer e.unlock()
-	if e.sb != sb || e.sbState != sandboxPaused {
+	if e.slot.Held() != sb || e.slot.State() != sandbox.SlotPaused {
 		return
 	}
 	err := resume(ctx, sb)
 	if err == nil {
-		err = e.moveSandbox(sandboxRunning, nil, nil)
+		err = e.slot.Move(sandbox.SlotRunning, nil, nil)
 	}
 	if err != nil {
 		m.log.Error("thawing a sandbox after a snapshot", "session", e.id, "err", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -121,8 +122,8 @@ func TestSandboxQuotas(t *testing.T) {
 		t.Fatalf("third sandbox: %v", err)
 	}
 	t.Logf("refused: %v", err)
-	if st := m.entry(key{"t", "c"}); st.sbState != sandboxNone {
-		t.Errorf("a refused start left state %s", st.sbState)
+	if st := m.entry(key{"t", "c"}); st.slot.State() != sandbox.SlotNone {
+		t.Errorf("a refused start left state %s", st.slot.State())
 	}
 	// Another tenant is unaffected.
 	o := mk("o", "x", 4096, 4)

@@ -208,8 +208,8 @@ func (m *Manager) Delete(ctx context.Context, tenant, id string) (*Session, erro
 		// A start in flight holds the lock until its sandbox is up:
 		// this one is not wanted any more.
 		e.mu.Lock()
-		if e.start != nil {
-			e.start.cancel()
+		if e.slot.Starting() != nil {
+			e.slot.Starting().Cancel()
 		}
 		e.unlock()
 	}
@@ -250,14 +250,14 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 	if e != nil {
 		e.mu.Lock()
 		e.deleted = true
-		st := e.start
-		sb := e.drop()
+		st := e.slot.Starting()
+		sb := e.slot.Drop()
 		e.unlock()
 		if st != nil {
 			// The start sees deleted and destroys what it made. Waiting for
 			// it here would deadlock: it takes the session's lock to record
 			// its outcome.
-			st.cancel()
+			st.Cancel()
 		}
 		if sb != nil {
 			held = sb.ID

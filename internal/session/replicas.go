@@ -49,25 +49,25 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 	}
 	e := m.entry(key{rec.Tenant, rec.ID})
 	e.mu.Lock()
-	if e.sbState == sandboxStarting {
+	if e.slot.State() == sandbox.SlotStarting {
 		e.unlock() // this process's start, waiting for the lock: it adopts
 		return nil
 	}
-	if sb := e.held(); sb != nil {
+	if sb := e.slot.Held(); sb != nil {
 		if sb.ID == rec.SandboxID && rec.Status != api.StatusTerminated {
 			// Another replica may have frozen or thawed it: the record
 			// says which (a frozen one marked running is thawed by the
 			// next wake-up, which resumes it whatever it is).
-			want := sandboxRunning
+			want := sandbox.SlotRunning
 			if rec.Status == api.StatusPaused {
-				want = sandboxPaused
+				want = sandbox.SlotPaused
 			}
-			err := e.moveSandbox(want, nil, nil)
+			err := e.slot.Move(want, nil, nil)
 			e.unlock()
 			return err
 		}
 		sb.Client.Close()
-		e.drop()
+		e.slot.Drop()
 	}
 	e.unlock()
 	if rec.SandboxID == "" || rec.Status == api.StatusTerminated {
@@ -80,9 +80,9 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 	e.mu.Lock()
 	defer e.unlock()
 	if frozen {
-		return e.moveSandbox(sandboxPaused, sb, nil)
+		return e.slot.Move(sandbox.SlotPaused, sb, nil)
 	}
-	return e.moveSandbox(sandboxRunning, sb, nil)
+	return e.slot.Move(sandbox.SlotRunning, sb, nil)
 }
 
 // adopt returns the sandbox the record names, and whether it is frozen,

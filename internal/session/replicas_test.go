@@ -146,7 +146,7 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 		t.Fatal(err)
 	}
 	// a's execution confirms its sandbox without the lock.
-	if err := a.confirm(ctx, a.entry(key{"t", "s"}), a.entry(key{"t", "s"}).sb); err != nil {
+	if err := a.confirm(ctx, a.entry(key{"t", "s"}), a.entry(key{"t", "s"}).slot.Held()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.freeze(ctx, rec, true); !errors.As(err, new(*TransitionError)) {
@@ -174,7 +174,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 		t.Fatalf("%d sandboxes left after hibernation", n)
 	}
 	e := a.entry(key{"t", "s"})
-	if err := a.confirm(ctx, e, e.sb); !errors.Is(err, errStale) {
+	if err := a.confirm(ctx, e, e.slot.Held()); !errors.Is(err, errStale) {
 		t.Fatalf("confirm of a hibernated-away sandbox: %v", err)
 	}
 	// Under the lock a syncs: it lets the sandbox go and restores.

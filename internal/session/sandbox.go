@@ -64,9 +64,9 @@ func (l *Lease) Lost(ctx context.Context) bool {
 	l.m.log.Warn("sandbox lost; the next call starts a new one", "session", l.e.id, "sandbox", l.sb.ID)
 	l.m.opt.Events("lost")
 	l.e.mu.Lock()
-	mine := l.e.held() == l.sb
+	mine := l.e.slot.Held() == l.sb
 	if mine {
-		l.e.drop()
+		l.e.slot.Drop()
 	}
 	l.e.unlock()
 	if mine {
@@ -116,7 +116,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease,
 			e.unlock()
 			return nil, fmt.Errorf("session %q was deleted: %w", id, errdefs.ErrNotFound)
 		}
-		if sb := e.held(); sb != nil && e.sbState == sandboxRunning {
+		if sb := e.slot.Held(); sb != nil && e.slot.State() == sandbox.SlotRunning {
 			e.active++
 			e.unlock()
 			l := &Lease{Client: sb.Client, SandboxID: sb.ID, m: m, e: e, sb: sb}
@@ -143,7 +143,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease,
 			}
 			continue
 		}
-		st := e.start
+		st := e.slot.Starting()
 		e.unlock()
 		if st == nil {
 			if _, err := m.wakeUp(ctx, k, true); err != nil {
@@ -157,9 +157,9 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease,
 		}
 		noteAcquire(ctx, acquireColdStart)
 		select {
-		case <-st.done:
-			if st.err != nil {
-				return nil, st.err
+		case <-st.Done:
+			if st.Err != nil {
+				return nil, st.Err
 			}
 		case <-ctx.Done():
 			return nil, context.Cause(ctx)
@@ -188,7 +188,7 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 // The caller holds the session's lock.
 func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, error) {
 	e.mu.Lock()
-	busy := e.sbState != sandboxNone
+	busy := e.slot.State() != sandbox.SlotNone
 	e.unlock()
 	if busy {
 		return nil, false, nil
@@ -212,8 +212,8 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 	e.mu.Lock()
 	defer e.unlock()
 	ctx, cancel := context.WithCancel(m.ctx)
-	st := &startOp{done: make(chan struct{}), cancel: cancel}
-	if err := e.moveSandbox(sandboxStarting, nil, st); err != nil {
+	st := sandbox.NewStart(cancel)
+	if err := e.slot.Move(sandbox.SlotStarting, nil, st); err != nil {
 		cancel()
 		return nil, false, err
 	}
@@ -230,8 +230,8 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 // kick's caller still holds when it begins): it adopts a live sandbox the
 // record names, another replica's start, or starts one, and records the
 // outcome. Waiters on st learn it. A delete cancels ctx.
-func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) {
-	defer close(st.done)
+func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *sandbox.Start) {
+	defer close(st.Done)
 	var sb *sandbox.Sandbox
 	unlock, err := m.locks.lock(ctx, e.key)
 	if err == nil {
@@ -239,8 +239,8 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 		sb, err = m.startOrAdopt(ctx, e, s)
 	}
 	e.mu.Lock()
-	if e.start == st {
-		e.drop() // a delete may have let it go already
+	if e.slot.Starting() == st {
+		e.slot.Drop() // a delete may have let it go already
 	}
 	if err == nil && (e.deleted || ctx.Err() != nil) {
 		err = fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
@@ -248,7 +248,7 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 		err = fmt.Errorf("session %q: deleted while its sandbox started: %v: %w", s.ID, err, errdefs.ErrNotFound)
 	}
 	if err == nil {
-		err = e.moveSandbox(sandboxRunning, sb, nil)
+		err = e.slot.Move(sandbox.SlotRunning, sb, nil)
 	}
 	e.unlock()
 	if err != nil {
@@ -269,7 +269,7 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *startOp) 
 				m.recordStart(e.key, api.StatusError, err.Error(), nil)
 			}
 		}
-		st.err = err
+		st.Err = err
 		return
 	}
 	m.recordStart(e.key, api.StatusRunning, "", sb)
@@ -320,7 +320,7 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox.Sandbox {
 	e.mu.Lock()
 	e.claiming = false
 	if ok {
-		if err := e.moveSandbox(sandboxRunning, pd.Sandbox, nil); err != nil {
+		if err := e.slot.Move(sandbox.SlotRunning, pd.Sandbox, nil); err != nil {
 			m.log.Error("warm pool: claiming a sandbox", "session", e.id, "err", err)
 			ok = false
 			defer m.sbx.DropPooled(pd)
@@ -473,12 +473,12 @@ func (m *Manager) Start(ctx context.Context) error {
 		if usable {
 			delete(live, rec.SandboxID)
 			e := m.entry(key{rec.Tenant, rec.ID})
-			state := sandboxRunning
+			state := sandbox.SlotRunning
 			if f.Info.State == runtime.StatePaused {
-				state = sandboxPaused
+				state = sandbox.SlotPaused
 			}
 			e.mu.Lock()
-			err := e.moveSandbox(state, sandbox.Attach(f.Runtime, f.Info.ID), nil)
+			err := e.slot.Move(state, sandbox.Attach(f.Runtime, f.Info.ID), nil)
 			e.setRes(f.Info.Resources.MemoryMB, f.Info.Resources.CPU)
 			e.unlock()
 			if err != nil {

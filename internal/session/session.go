@@ -174,14 +174,11 @@ type key struct{ tenant, id string }
 type entry struct {
 	key
 	mu sync.Mutex
-	// sbState is the sandbox's state (sandboxstate.go); sb is the
-	// sandbox held (running, paused), start the start in flight
-	// (starting). They change together, by moveSandbox.
-	sbState sandboxState
-	sb      *sandbox.Sandbox
-	start   *startOp
+	// slot is what this process holds of the session's sandbox, and
+	// its state (sandbox.Slot).
+	slot    sandbox.Slot
 	deleted bool // the session is gone: drop whatever a start brings
-	active  int  // leases out: executions using sb
+	active  int  // leases out: executions using the slot's sandbox
 	files   int  // file calls using the workspace
 	// fileCalls counts the file calls under this process's file lease
 	// (files.go), between replicas; fileMu, not mu, guards it, since the
@@ -213,15 +210,9 @@ type entry struct {
 // mu goes through it, so the published state is never older than the
 // last change made under mu.
 func (e *entry) unlock() {
-	e.pub.Store(int32(e.sbState))
-	e.pubSB.Store(e.held())
+	e.pub.Store(int32(e.slot.State()))
+	e.pubSB.Store(e.slot.Held())
 	e.mu.Unlock()
-}
-
-type startOp struct {
-	done   chan struct{}
-	cancel context.CancelFunc
-	err    error
 }
 
 // New returns a manager. Call Start to recover what a previous server left
@@ -282,8 +273,8 @@ func (m *Manager) Close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.entries {
-		if e.sb != nil {
-			e.sb.Client.Close()
+		if e.slot.Held() != nil {
+			e.slot.Held().Client.Close()
 		}
 	}
 }
@@ -293,7 +284,7 @@ func (m *Manager) entry(k key) *entry {
 	defer m.mu.Unlock()
 	e := m.entries[k]
 	if e == nil {
-		e = &entry{key: k}
+		e = &entry{key: k, slot: sandbox.Slot{Owner: k.id}}
 		m.entries[k] = e
 	}
 	return e
@@ -332,7 +323,7 @@ func (m *Manager) decode(rec *store.Session) (*Session, error) {
 	}
 	if e := m.peek(key{rec.Tenant, rec.ID}); e != nil {
 		e.mu.Lock()
-		s.SandboxState = e.sbState.String()
+		s.SandboxState = e.slot.State().String()
 		e.unlock()
 	}
 	return s, nil
@@ -372,7 +363,7 @@ func (m *Manager) DropConversation(ctx context.Context, tenant, id, cid string) 
 		return
 	}
 	e.mu.Lock()
-	sb, running := e.held(), e.sbState == sandboxRunning
+	sb, running := e.slot.Held(), e.slot.State() == sandbox.SlotRunning
 	e.unlock()
 	if !running {
 		return

@@ -61,7 +61,7 @@ func attach(t testing.TB, m *Manager, rt *runtimetest.Fake, tenant, id string) {
 	rt.Add(sbid)
 	e := m.entry(k)
 	e.mu.Lock()
-	err := e.moveSandbox(sandboxRunning, sandbox.Attach(rt, sbid), nil)
+	err := e.slot.Move(sandbox.SlotRunning, sandbox.Attach(rt, sbid), nil)
 	e.unlock()
 	if err != nil {
 		t.Fatal(err)

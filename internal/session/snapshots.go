@@ -12,6 +12,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"golang.org/x/sys/unix"
 )
@@ -70,9 +71,9 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 	// paused and waits for the session's lock in wakeUp.
 	e := m.entry(k)
 	e.mu.Lock()
-	sb, prev := e.held(), e.snap
-	if e.sbState == sandboxRunning {
-		if err := freezeSandbox(ctx, sb); err == nil && e.moveSandbox(sandboxPaused, nil, nil) == nil {
+	sb, prev := e.slot.Held(), e.snap
+	if e.slot.State() == sandbox.SlotRunning {
+		if err := freezeSandbox(ctx, sb); err == nil && e.slot.Move(sandbox.SlotPaused, nil, nil) == nil {
 			defer m.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 	}
@@ -202,7 +203,7 @@ func (sn *Snapshots) Restore(ctx context.Context, tenant, id, sid string) (*Sess
 		e.unlock()
 		return nil, err
 	}
-	sb := e.drop()
+	sb := e.slot.Drop()
 	e.snap = nil
 	e.unlock()
 	if sb != nil {

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -77,7 +78,7 @@ func noteStarted(ctx context.Context, e *entry, started bool) {
 	if _, ok := ctx.Value(acquireNoteKey{}).(*acquireNote); !ok || !started {
 		return
 	}
-	if sandboxState(e.pub.Load()) == sandboxRunning {
+	if sandbox.SlotState(e.pub.Load()) == sandbox.SlotRunning {
 		noteAcquire(ctx, acquireWarmPool)
 	} else {
 		noteAcquire(ctx, acquireColdStart)

@@ -5,6 +5,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -36,14 +37,14 @@ func (m *Manager) Held() []SandboxRef {
 	m.mu.Unlock()
 	var out []SandboxRef
 	for _, e := range entries {
-		state := sandboxState(e.pub.Load())
+		state := sandbox.SlotState(e.pub.Load())
 		sb := e.pubSB.Load()
-		if sb == nil || (state != sandboxRunning && state != sandboxPaused) {
+		if sb == nil || (state != sandbox.SlotRunning && state != sandbox.SlotPaused) {
 			continue
 		}
 		out = append(out, SandboxRef{
 			Tenant: e.tenant, Session: e.id, ID: sb.ID, Runtime: sb.Runtime,
-			Volume: workspace.SessionVolume(e.tenant, e.id), Paused: state == sandboxPaused,
+			Volume: workspace.SessionVolume(e.tenant, e.id), Paused: state == sandbox.SlotPaused,
 		})
 	}
 	return out
@@ -73,15 +74,15 @@ func (m *Manager) SandboxOf(ctx context.Context, tenant, id string) (*Session, s
 	}
 	ref := &SandboxRef{Tenant: tenant, Session: id, Volume: workspace.SessionVolume(tenant, id)}
 	if e := m.peek(key{tenant, id}); e != nil {
-		state := sandboxState(e.pub.Load())
+		state := sandbox.SlotState(e.pub.Load())
 		sb := e.pubSB.Load()
 		// With replicas, what this process holds may be older than the
 		// record (another replica replaced the sandbox): the record wins.
-		if sb != nil && (state == sandboxRunning || state == sandboxPaused) && (!m.shared() || sb.ID == s.SandboxID) {
-			ref.ID, ref.Runtime, ref.Paused = sb.ID, sb.Runtime, state == sandboxPaused
+		if sb != nil && (state == sandbox.SlotRunning || state == sandbox.SlotPaused) && (!m.shared() || sb.ID == s.SandboxID) {
+			ref.ID, ref.Runtime, ref.Paused = sb.ID, sb.Runtime, state == sandbox.SlotPaused
 			return s, state.String(), ref, nil
 		}
-		if state == sandboxStarting {
+		if state == sandbox.SlotStarting {
 			return s, api.SandboxStarting, nil, nil
 		}
 	}
