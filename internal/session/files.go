@@ -347,7 +347,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 				return nil, nil, err
 			}
 			f.leased = true
-			err := m.touchIf(ctx, k, func(rec *store.Session) bool {
+			err := m.replicas.touchIf(ctx, k, func(rec *store.Session) bool {
 				return rec.Status != api.StatusPaused && rec.Status != api.StatusHibernated
 			})
 			if err != nil {

@@ -21,7 +21,7 @@ import (
 // has nothing to freeze and is simply marked paused; the next call makes
 // it running again either way.
 func (m *Manager) Pause(ctx context.Context, tenant, id string) (*Session, error) {
-	return m.withRecord(ctx, key{tenant, id}, m.pause)
+	return m.withRecord(ctx, key{tenant, id}, m.pauses.pause)
 }
 
 // withRecord runs op on the session's record under the session's lock and
@@ -36,7 +36,7 @@ func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context
 	if err != nil {
 		return nil, err
 	}
-	if err := m.sync(ctx, rec); err != nil {
+	if err := m.replicas.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if rec, err = op(ctx, rec); err != nil {
@@ -45,11 +45,16 @@ func (m *Manager) withRecord(ctx context.Context, k key, op func(context.Context
 	return m.decode(rec)
 }
 
+// pauses freezes and thaws sessions' sandboxes, and fences the
+// record before a pause or a hibernation touches a sandbox.
+type pauses struct{ m *Manager }
+
 // pause freezes the sandbox and marks the session paused. A start or an
 // execution in flight refuses it (the reaper then tries again later). The
 // caller holds the session's lock.
-func (m *Manager) pause(ctx context.Context, rec *store.Session) (*store.Session, error) {
-	return m.freeze(ctx, rec, false)
+func (pz *pauses) pause(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	m := pz.m
+	return m.pauses.freeze(ctx, rec, false)
 }
 
 // freeze is pause; idle says the reaper asks, for an idle session, and
@@ -61,11 +66,12 @@ func (m *Manager) pause(ctx context.Context, rec *store.Session) (*store.Session
 // whose activity was written before it makes an idle pause fail. A crash
 // between the two leaves a running sandbox marked paused, which the next
 // call thaws as if it were frozen.
-func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+func (pz *pauses) freeze(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+	m := pz.m
 	if rec.Status == api.StatusPaused {
 		return rec, nil
 	}
-	rec, err := m.freezeEntry(ctx, rec, idle)
+	rec, err := m.pauses.freezeEntry(ctx, rec, idle)
 	if err == nil {
 		m.emit(ctx, api.EventSessionPaused, rec, api.EventData{Reason: reasonOf(idle)})
 	}
@@ -73,7 +79,8 @@ func (m *Manager) freeze(ctx context.Context, rec *store.Session, idle bool) (*s
 }
 
 // freezeEntry does freeze's work, under the entry's lock.
-func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+func (pz *pauses) freezeEntry(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+	m := pz.m
 	if !canMove(rec.Status, api.StatusPaused) {
 		return nil, &TransitionError{Session: rec.ID, From: rec.Status, To: api.StatusPaused}
 	}
@@ -84,7 +91,7 @@ func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool
 		return nil, err
 	}
 	was := rec.Status
-	if err := m.fence(ctx, rec, api.StatusPaused, api.StatusPaused, idle); err != nil {
+	if err := m.pauses.fence(ctx, rec, api.StatusPaused, api.StatusPaused, idle); err != nil {
 		return nil, err
 	}
 	if e.slot.State() == sandbox.SlotRunning {
@@ -111,10 +118,11 @@ func (m *Manager) freezeEntry(ctx context.Context, rec *store.Session, idle bool
 // "look later"). For a request, the record is read again and the
 // executions in the store looked at once more: one that came in between
 // refuses the change, as one running before did.
-func (m *Manager) fence(ctx context.Context, rec *store.Session, status, to string, idle bool) error {
+func (pz *pauses) fence(ctx context.Context, rec *store.Session, status, to string, idle bool) error {
+	m := pz.m
 	for {
 		if !idle {
-			if err := m.busyElsewhere(ctx, rec, to); err != nil {
+			if err := m.replicas.busyElsewhere(ctx, rec, to); err != nil {
 				return err
 			}
 		}
@@ -187,7 +195,8 @@ func resume(ctx context.Context, sb *sandbox.Sandbox) error {
 
 // canPause says whether the runtime of rec's sandbox can freeze it: the
 // runtime of the sandbox this process holds, else its template's.
-func (m *Manager) canPause(ctx context.Context, rec *store.Session) bool {
+func (pz *pauses) canPause(ctx context.Context, rec *store.Session) bool {
+	m := pz.m
 	if e := m.peek(key{rec.Tenant, rec.ID}); e != nil {
 		if sb := e.pubSB.Load(); sb != nil {
 			return runtime.CapabilitiesOf(sb.Runtime).Pause
@@ -243,11 +252,11 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 	if rec.Status == api.StatusTerminated {
 		return nil, &TransitionError{Session: k.id, From: rec.Status, To: api.StatusRunning, Why: "create it again"}
 	}
-	if err := m.sync(ctx, rec); err != nil {
+	if err := m.replicas.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if rec.Status == api.StatusHibernated {
-		if rec, err = m.restore(ctx, rec); err != nil {
+		if rec, err = m.hibernation.restore(ctx, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -295,7 +304,7 @@ func (m *Manager) wakeUp(ctx context.Context, k key, start bool) (*Session, erro
 		if err != nil {
 			return nil, err
 		}
-		started, err := m.kick(e, s)
+		started, err := m.starts.kick(e, s)
 		if err != nil {
 			return nil, err
 		}
@@ -328,8 +337,12 @@ func (m *Manager) record(ctx context.Context, k key) (*store.Session, error) {
 // Hibernate saves the session's workspace to the blob store and destroys
 // its sandbox; the next call restores it.
 func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*Session, error) {
-	return m.withRecord(ctx, key{tenant, id}, m.hibernate)
+	return m.withRecord(ctx, key{tenant, id}, m.hibernation.hibernate)
 }
+
+// hibernation moves an idle session's workspace to the blob store and
+// its sandbox away, and brings it back on the next call.
+type hibernation struct{ m *Manager }
 
 // hibernate does Hibernate's work. The caller holds the session's lock.
 //
@@ -337,12 +350,14 @@ func (m *Manager) Hibernate(ctx context.Context, tenant, id string) (*Session, e
 // before the record says hibernated, and removed (moved to the trash in one
 // rename) only after; a restore that finds the directory still there uses
 // it, since nothing could change it once the sandbox was gone.
-func (m *Manager) hibernate(ctx context.Context, rec *store.Session) (*store.Session, error) {
-	return m.hibernateAs(ctx, rec, false)
+func (hb *hibernation) hibernate(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	m := hb.m
+	return m.hibernation.hibernateAs(ctx, rec, false)
 }
 
 // hibernateAs is hibernate; idle says the reaper asks, as for freeze.
-func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+func (hb *hibernation) hibernateAs(ctx context.Context, rec *store.Session, idle bool) (*store.Session, error) {
+	m := hb.m
 	if rec.Status == api.StatusHibernated {
 		return rec, nil
 	}
@@ -365,7 +380,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	if was == api.StatusRunning {
 		to = api.StatusPaused
 	}
-	if err := m.fence(ctx, rec, to, api.StatusHibernated, idle); err != nil {
+	if err := m.pauses.fence(ctx, rec, to, api.StatusHibernated, idle); err != nil {
 		e.unlock()
 		return nil, err
 	}
@@ -411,7 +426,7 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 	if err != nil {
 		e.unlock()
 		if frozen && mine {
-			m.thaw(context.WithoutCancel(ctx), e, sb)
+			m.pauses.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 		undo()
 		return nil, fmt.Errorf("session %q: saving its workspace: %w", rec.ID, err)
@@ -439,7 +454,8 @@ func (m *Manager) hibernateAs(ctx context.Context, rec *store.Session, idle bool
 
 // restoreHibernated puts a hibernated session's workspace back on the
 // host and makes it running. The caller holds the session's lock.
-func (m *Manager) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
+func (hb *hibernation) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	m := hb.m
 	k := key{rec.Tenant, rec.ID}
 	dir := m.ws.Dir(k.tenant, k.id)
 	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
@@ -498,7 +514,8 @@ func toAPISnapshot(k key, id string, mf *snapshot.Manifest) api.Snapshot {
 
 // thaw resumes sb, frozen for a snapshot, unless it is no longer the
 // session's sandbox.
-func (m *Manager) thaw(ctx context.Context, e *entry, sb *sandbox.Sandbox) {
+func (pz *pauses) thaw(ctx context.Context, e *entry, sb *sandbox.Sandbox) {
+	m := pz.m
 	e.mu.Lock()
 	defer e.unlock()
 	if e.slot.Held() != sb || e.slot.State() != sandbox.SlotPaused {

@@ -117,7 +117,7 @@ func TestSandboxQuotas(t *testing.T) {
 	// Two live: a third is refused by kick itself, with a message naming
 	// the limit, and nothing starts.
 	c := mk("t", "c", 64, 0.1)
-	_, err := m.kick(m.entry(key{"t", "c"}), c)
+	_, err := m.starts.kick(m.entry(key{"t", "c"}), c)
 	if !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("third sandbox: %v", err)
 	}

@@ -50,7 +50,7 @@ func (r *Reaper) run() {
 		r.Pass(m.ctx, time.Now())
 		if m.shared() && m.opt.Alive != nil && time.Since(swept) > sweepEvery {
 			swept = time.Now()
-			m.sweep(m.ctx)
+			m.replicas.sweep(m.ctx)
 		}
 		if m.opt.Snapshots != nil && time.Since(collected) > collectEvery {
 			collected = time.Now()
@@ -138,7 +138,7 @@ func (r *Reaper) reapOne(ctx context.Context, due *store.Session, now time.Time)
 	if err != nil || rec.Status == api.StatusTerminated || rec.DueAt.IsZero() || rec.DueAt.After(now) {
 		return false // gone, or rescheduled since the list was read
 	}
-	if err := m.sync(ctx, rec); err != nil {
+	if err := m.replicas.sync(ctx, rec); err != nil {
 		m.log.Warn("reaper", "tenant", k.tenant, "session", k.id, "err", err)
 		return false
 	}
@@ -156,15 +156,15 @@ func (r *Reaper) reapOne(ctx context.Context, due *store.Session, now time.Time)
 	case rec.Status == api.StatusPaused || rec.SandboxID == "" ||
 		// A sandbox that cannot be frozen (runtime.Pauser) would hold
 		// its memory paused as much as running: it hibernates at once.
-		m.opt.Snapshots != nil && !m.canPause(ctx, rec):
+		m.opt.Snapshots != nil && !m.pauses.canPause(ctx, rec):
 		if m.opt.Snapshots == nil {
 			return r.postpone(ctx, rec, rec.ExpiresAt)
 		}
 		action = "hibernate"
-		_, err = m.hibernateAs(ctx, rec, true)
+		_, err = m.hibernation.hibernateAs(ctx, rec, true)
 	default:
 		action = "pause"
-		_, err = m.freeze(ctx, rec, true)
+		_, err = m.pauses.freeze(ctx, rec, true)
 	}
 	if err != nil {
 		if !errors.As(err, new(*TransitionError)) {

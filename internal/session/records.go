@@ -82,7 +82,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			}
 			// No sandbox to be had now leaves the session in error,
 			// to be tried again by its next execution.
-			if started, _ := m.kick(m.entry(k), s); started {
+			if started, _ := m.starts.kick(m.entry(k), s); started {
 				// A sandbox from a warm pool is in the record already
 				// (kick wrote it, running): read it again.
 				if rec, err = m.opt.Store.GetSession(ctx, tenant, req.SessionID); err != nil {
@@ -170,7 +170,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	m.emit(ctx, api.EventSessionCreated, rec, api.EventData{Metadata: meta})
 	s := &Session{Session: *rec, Config: *cfg, SandboxState: api.SandboxNone}
 	if cfg.WarmUp {
-		started, err := m.kick(m.entry(k), s)
+		started, err := m.starts.kick(m.entry(k), s)
 		if !started {
 			// No sandbox to be had now: the session is created
 			// anyway, lazy, and its first execution says why.
@@ -374,7 +374,7 @@ func (m *Manager) touch(ctx context.Context, k key) {
 	if !stale {
 		return
 	}
-	err := m.touchIf(ctx, k, func(*store.Session) bool { return true })
+	err := m.replicas.touchIf(ctx, k, func(*store.Session) bool { return true })
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && ctx.Err() == nil {
 		m.log.Warn("recording activity", "session", k.id, "err", err)
 	}

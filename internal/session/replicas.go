@@ -33,6 +33,10 @@ import (
 //   - Executions and file calls in flight write activity every second
 //     (keepActive), which keeps the reaper of another replica away.
 
+// replicas is that coordination: the Manager's side of every other
+// replica.
+type replicas struct{ m *Manager }
+
 // shared says other replicas may serve this process's sessions.
 func (m *Manager) shared() bool { return m.opt.Replica != "" }
 
@@ -43,7 +47,8 @@ func (m *Manager) shared() bool { return m.opt.Replica != "" }
 // runtime has it, or cleared from the record if not. A process alone
 // with its store has nothing to sync. The caller holds the session's
 // lock; rec is brought up to date in place.
-func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
+func (r *replicas) sync(ctx context.Context, rec *store.Session) error {
+	m := r.m
 	if !m.shared() {
 		return nil
 	}
@@ -73,7 +78,7 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 	if rec.SandboxID == "" || rec.Status == api.StatusTerminated {
 		return nil
 	}
-	sb, frozen, err := m.adopt(ctx, rec)
+	sb, frozen, err := m.replicas.adopt(ctx, rec)
 	if sb == nil || err != nil {
 		return err
 	}
@@ -90,7 +95,8 @@ func (m *Manager) sync(ctx context.Context, rec *store.Session) error {
 // or a previous process). One that is gone, or stopped, is destroyed and
 // cleared from the record (nil), so that the next start makes a new one
 // over the same workspace. The caller holds the session's lock.
-func (m *Manager) adopt(ctx context.Context, rec *store.Session) (sb *sandbox.Sandbox, frozen bool, err error) {
+func (r *replicas) adopt(ctx context.Context, rec *store.Session) (sb *sandbox.Sandbox, frozen bool, err error) {
+	m := r.m
 	sb, frozen, res, err := m.sbx.Reattach(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 	if err != nil {
 		return nil, false, err
@@ -113,7 +119,8 @@ var errStale = errors.New("the session's sandbox changed in another replica")
 // another write came first). It does not take the session's lock: a
 // locked change that meets it carries the activity over (save). It
 // returns errStale if ok refused, ErrNotFound for a terminated session.
-func (m *Manager) touchIf(ctx context.Context, k key, ok func(*store.Session) bool) error {
+func (r *replicas) touchIf(ctx context.Context, k key, ok func(*store.Session) bool) error {
+	m := r.m
 	for try := 0; ; try++ {
 		rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 		if err != nil {
@@ -135,8 +142,9 @@ func (m *Manager) touchIf(ctx context.Context, k key, ok func(*store.Session) bo
 
 // confirm checks, for an execution about to use sb, that the record still
 // names it running, and records the activity in the same write.
-func (m *Manager) confirm(ctx context.Context, e *entry, sb *sandbox.Sandbox) error {
-	err := m.touchIf(ctx, e.key, func(rec *store.Session) bool {
+func (r *replicas) confirm(ctx context.Context, e *entry, sb *sandbox.Sandbox) error {
+	m := r.m
+	err := m.replicas.touchIf(ctx, e.key, func(rec *store.Session) bool {
 		return rec.SandboxID == sb.ID && rec.Status == api.StatusRunning
 	})
 	if err == nil {
@@ -150,7 +158,8 @@ func (m *Manager) confirm(ctx context.Context, e *entry, sb *sandbox.Sandbox) er
 // keepActive writes activity, every second, for the sessions this
 // process runs executions or file calls on, so that the reaper of
 // another replica, which knows nothing of them, finds them busy.
-func (m *Manager) keepActive() {
+func (r *replicas) keepActive() {
+	m := r.m
 	defer m.wg.Done()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -186,7 +195,8 @@ func (m *Manager) keepActive() {
 // an execution another replica runs (its record in the store says so),
 // or, but for a pause, the workspace from under another replica's file
 // call (its file lease, files.go).
-func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to string) error {
+func (r *replicas) busyElsewhere(ctx context.Context, rec *store.Session, to string) error {
+	m := r.m
 	if !m.shared() {
 		return nil
 	}
@@ -224,7 +234,8 @@ func (m *Manager) busyElsewhere(ctx context.Context, rec *store.Session, to stri
 const sweepEvery = time.Minute
 
 // sweep destroys the sandboxes of dead replicas that no record names.
-func (m *Manager) sweep(ctx context.Context) {
+func (r *replicas) sweep(ctx context.Context) {
+	m := r.m
 	m.sbx.Sweep(ctx, func(ctx context.Context) (map[string]bool, error) {
 		recs, err := m.opt.Store.ListSandboxSessions(ctx)
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 
 // replicas returns two managers that serve the same sessions: one store,
 // one workspace directory, one runtime, as replicas on one host do.
-func replicas(t *testing.T, rt *runtimetest.Fake) (a, b *Manager) {
+func twoReplicas(t *testing.T, rt *runtimetest.Fake) (a, b *Manager) {
 	t.Helper()
 	a = newManager(t, rt, func(o *Options) { o.Replica = "a" })
 	b = newManager(t, rt, func(o *Options) {
@@ -39,7 +39,7 @@ func withSandbox(t *testing.T, m *Manager, rt *runtimetest.Fake, id string) {
 }
 
 func TestReplicaLockIsExclusive(t *testing.T) {
-	a, b := replicas(t, runtimetest.NewFake())
+	a, b := twoReplicas(t, runtimetest.NewFake())
 	ctx := context.Background()
 	k := key{"t", "s"}
 	unlock, err := a.locks.lock(ctx, k)
@@ -86,7 +86,7 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 // thawed by that other's next execution: the record decides.
 func TestReplicaPauseElsewhere(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	l, err := a.Acquire(ctx, "t", "s")
@@ -130,7 +130,7 @@ func TestReplicaPauseElsewhere(t *testing.T) {
 // after it read the record: an execution elsewhere started in between.
 func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	unlock, ok := b.locks.tryLock(ctx, key{"t", "s"})
@@ -142,14 +142,14 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.sync(ctx, rec); err != nil {
+	if err := b.replicas.sync(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
 	// a's execution confirms its sandbox without the lock.
-	if err := a.confirm(ctx, a.entry(key{"t", "s"}), a.entry(key{"t", "s"}).slot.Held()); err != nil {
+	if err := a.replicas.confirm(ctx, a.entry(key{"t", "s"}), a.entry(key{"t", "s"}).slot.Held()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.freeze(ctx, rec, true); !errors.As(err, new(*TransitionError)) {
+	if _, err := b.pauses.freeze(ctx, rec, true); !errors.As(err, new(*TransitionError)) {
 		t.Fatalf("idle pause after activity: %v", err)
 	}
 	if rt.Count(runtime.StatePaused) != 0 {
@@ -164,7 +164,7 @@ func TestReplicaIdlePauseYieldsToActivity(t *testing.T) {
 // record no longer names it.
 func TestReplicaHibernateElsewhere(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	if _, err := b.Hibernate(ctx, "t", "s"); err != nil {
@@ -174,7 +174,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 		t.Fatalf("%d sandboxes left after hibernation", n)
 	}
 	e := a.entry(key{"t", "s"})
-	if err := a.confirm(ctx, e, e.slot.Held()); !errors.Is(err, errStale) {
+	if err := a.replicas.confirm(ctx, e, e.slot.Held()); !errors.Is(err, errStale) {
 		t.Fatalf("confirm of a hibernated-away sandbox: %v", err)
 	}
 	// Under the lock a syncs: it lets the sandbox go and restores.
@@ -189,7 +189,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 	if _, err := b.Delete(ctx, "t", "s"); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.touchIf(ctx, key{"t", "s"}, func(*store.Session) bool { return true }); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := a.replicas.touchIf(ctx, key{"t", "s"}, func(*store.Session) bool { return true }); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("activity on a deleted session: %v", err)
 	}
 }
@@ -198,7 +198,7 @@ func TestReplicaHibernateElsewhere(t *testing.T) {
 // when it is live, and cleared from the record when it is gone.
 func TestReplicaAdoptOrClear(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	for _, id := range []string{"live", "gone"} {
 		withSandbox(t, a, rt, id)
@@ -210,7 +210,7 @@ func TestReplicaAdoptOrClear(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec, _ := b.opt.Store.GetSession(ctx, "t", id)
-		err = b.sync(ctx, rec)
+		err = b.replicas.sync(ctx, rec)
 		unlock()
 		if err != nil {
 			t.Fatal(err)
@@ -247,7 +247,7 @@ func TestReplicaSweep(t *testing.T) {
 	rt.Labelled("dead-pool", lab("dead", sandbox.LabelPool, "python"))
 	rt.Labelled("live-pool", lab("b", sandbox.LabelPool, "python"))
 	rt.Labelled("other-instance", map[string]string{sandbox.LabelInstance: "other", sandbox.LabelReplica: "dead", sandbox.LabelPool: "python"})
-	a.sweep(ctx)
+	a.replicas.sweep(ctx)
 	for id, want := range map[string]bool{"sbx-s": true, "unrecorded-start": false, "dead-pool": false, "live-pool": true, "other-instance": true} {
 		if _, err := rt.Inspect(ctx, id); (err == nil) != want {
 			t.Errorf("%s: kept %v, want %v", id, err == nil, want)
@@ -260,7 +260,7 @@ func TestReplicaSweep(t *testing.T) {
 // it, rather than failing every call on a thaw of nothing.
 func TestWakeUpSandboxGone(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	if _, err := b.Pause(ctx, "t", "s"); err != nil {
@@ -284,7 +284,7 @@ func TestWakeUpSandboxGone(t *testing.T) {
 // the hibernation goes through, and the file comes back with the restore.
 func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	_, f, err := b.Workspace(ctx, "t", "s")

@@ -124,7 +124,7 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease,
 				m.touch(ctx, k)
 				return l, nil
 			}
-			err := m.confirm(ctx, e, sb)
+			err := m.replicas.confirm(ctx, e, sb)
 			if err == nil {
 				return l, nil
 			}
@@ -167,11 +167,17 @@ func (m *Manager) Acquire(ctx context.Context, tenant, id string) (lease *Lease,
 	}
 }
 
+// starts gives sessions their sandboxes: a claim from a warm pool, an
+// adoption of a live one the record names, or a new start in the
+// background, each admitted and recorded.
+type starts struct{ m *Manager }
+
 // kick starts a sandbox for the session in the background, unless one is
 // up or on its way; it reports whether it started one. Past MaxSandboxes it
 // is ErrUnavailable. The caller holds the session's lock.
-func (m *Manager) kick(e *entry, s *Session) (bool, error) {
-	sb, started, err := m.admitStart(e, s)
+func (ss *starts) kick(e *entry, s *Session) (bool, error) {
+	m := ss.m
+	sb, started, err := m.starts.admitStart(e, s)
 	switch {
 	case sb != nil:
 		rec := s.Session
@@ -186,7 +192,8 @@ func (m *Manager) kick(e *entry, s *Session) (bool, error) {
 // admitStart does kick's work: it returns the sandbox claimed from a warm
 // pool (recorded already), or whether it started one in the background.
 // The caller holds the session's lock.
-func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, error) {
+func (ss *starts) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, error) {
+	m := ss.m
 	e.mu.Lock()
 	busy := e.slot.State() != sandbox.SlotNone
 	e.unlock()
@@ -198,7 +205,7 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 	m.admission.sandboxes.Lock()
 	defer m.admission.sandboxes.Unlock()
 	if max := m.opt.MaxSandboxes; max > 0 {
-		if n := m.sandboxes(); n >= max {
+		if n := m.starts.sandboxes(); n >= max {
 			return nil, false, fmt.Errorf("session %q: no sandbox: this server is at its limit of %d sandboxes; try again later: %w", s.ID, max, errdefs.ErrUnavailable)
 		}
 	}
@@ -206,7 +213,7 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 		return nil, false, fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
 	}
 	e.setRes(s.Config.Resources.Memory, s.Config.Resources.CPU)
-	if sb := m.fromPool(e, s); sb != nil {
+	if sb := m.starts.fromPool(e, s); sb != nil {
 		return sb, true, nil
 	}
 	e.mu.Lock()
@@ -221,7 +228,7 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 	go func() {
 		defer m.wg.Done()
 		defer cancel()
-		m.start(ctx, e, s, st)
+		m.starts.start(ctx, e, s, st)
 	}()
 	return nil, true, nil
 }
@@ -230,13 +237,14 @@ func (m *Manager) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 // kick's caller still holds when it begins): it adopts a live sandbox the
 // record names, another replica's start, or starts one, and records the
 // outcome. Waiters on st learn it. A delete cancels ctx.
-func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *sandbox.Start) {
+func (ss *starts) start(ctx context.Context, e *entry, s *Session, st *sandbox.Start) {
+	m := ss.m
 	defer close(st.Done)
 	var sb *sandbox.Sandbox
 	unlock, err := m.locks.lock(ctx, e.key)
 	if err == nil {
 		defer unlock()
-		sb, err = m.startOrAdopt(ctx, e, s)
+		sb, err = m.starts.startOrAdopt(ctx, e, s)
 	}
 	e.mu.Lock()
 	if e.slot.Starting() == st {
@@ -266,19 +274,20 @@ func (m *Manager) start(ctx context.Context, e *entry, s *Session, st *sandbox.S
 				err = fmt.Errorf("session %q: no sandbox: %v: %w", s.ID, err, errdefs.ErrUnavailable)
 			}
 			if unlock != nil {
-				m.recordStart(e.key, api.StatusError, err.Error(), nil)
+				m.starts.recordStart(e.key, api.StatusError, err.Error(), nil)
 			}
 		}
 		st.Err = err
 		return
 	}
-	m.recordStart(e.key, api.StatusRunning, "", sb)
+	m.starts.recordStart(e.key, api.StatusRunning, "", sb)
 }
 
 // startOrAdopt gives the session a sandbox: the live one its record
 // names (another replica started it meanwhile), or a new one. The caller
 // holds the session's lock.
-func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sandbox.Sandbox, error) {
+func (ss *starts) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sandbox.Sandbox, error) {
+	m := ss.m
 	rec, err := m.opt.Store.GetSession(ctx, s.Tenant, s.ID)
 	if err != nil {
 		return nil, err
@@ -287,7 +296,7 @@ func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sand
 		return nil, fmt.Errorf("session %q: deleted while its sandbox started: %w", s.ID, errdefs.ErrNotFound)
 	}
 	if rec.SandboxID != "" {
-		sb, frozen, err := m.adopt(ctx, rec)
+		sb, frozen, err := m.replicas.adopt(ctx, rec)
 		if err != nil {
 			return nil, err
 		}
@@ -300,12 +309,13 @@ func (m *Manager) startOrAdopt(ctx context.Context, e *entry, s *Session) (*sand
 			return sb, nil
 		}
 	}
-	return m.startSandbox(ctx, s)
+	return m.starts.startSandbox(ctx, s)
 }
 
 // fromPool gives the session a sandbox from its template's warm pool, if
 // it can have one, and records it. The caller holds the session's lock.
-func (m *Manager) fromPool(e *entry, s *Session) *sandbox.Sandbox {
+func (ss *starts) fromPool(e *entry, s *Session) *sandbox.Sandbox {
+	m := ss.m
 	if !m.sbx.Pooling() {
 		return nil
 	}
@@ -349,14 +359,16 @@ func (m *Manager) fromPool(e *entry, s *Session) *sandbox.Sandbox {
 }
 
 // sandboxes counts the sandboxes this server has or is starting.
-func (m *Manager) sandboxes() int {
+func (ss *starts) sandboxes() int {
+	m := ss.m
 	c := m.SandboxCounts()
 	return c[api.SandboxStarting] + c[api.SandboxRunning] + c[api.SandboxPaused]
 }
 
 // recordStart writes the outcome of a sandbox start to the store, unless
 // the session was deleted meanwhile. The caller holds the session's lock.
-func (m *Manager) recordStart(k key, status, msg string, sb *sandbox.Sandbox) {
+func (ss *starts) recordStart(k key, status, msg string, sb *sandbox.Sandbox) {
+	m := ss.m
 	ctx := context.Background()
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil || rec.Status == api.StatusTerminated {
@@ -389,13 +401,14 @@ func request(s *Session) sandbox.Request {
 
 // startSandbox creates a sandbox for the session and pins the template
 // build it runs in the record. The caller holds the session's lock.
-func (m *Manager) startSandbox(ctx context.Context, s *Session) (*sandbox.Sandbox, error) {
+func (ss *starts) startSandbox(ctx context.Context, s *Session) (*sandbox.Sandbox, error) {
+	m := ss.m
 	sb, hash, err := m.sbx.Create(ctx, request(s))
 	if err != nil {
 		return nil, err
 	}
 	if hash != s.Config.TemplateHash {
-		m.pinLocked(key{s.Tenant, s.ID}, hash)
+		m.starts.pinLocked(key{s.Tenant, s.ID}, hash)
 	}
 	return sb, nil
 }
@@ -508,7 +521,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	go m.Reaper().run()
 	if m.shared() {
 		m.wg.Add(1)
-		go m.keepActive()
+		go m.replicas.keepActive()
 	}
 	m.sbx.StartPools()
 	return nil
@@ -524,7 +537,8 @@ func mapSlice[T, U any](in []T, f func(T) U) []U {
 
 // pinLocked records the template build a session's sandbox runs. The
 // caller holds the session's lock.
-func (m *Manager) pinLocked(k key, hash string) {
+func (ss *starts) pinLocked(k key, hash string) {
+	m := ss.m
 	ctx := context.Background()
 	rec, err := m.opt.Store.GetSession(ctx, k.tenant, k.id)
 	if err != nil {

@@ -164,8 +164,12 @@ type Manager struct {
 	entries  map[key]*entry
 	onDelete []func(tenant, id string)
 
-	admission *admission
-	stored    *Stored
+	admission   *admission
+	replicas    replicas
+	starts      starts
+	pauses      pauses
+	hibernation hibernation
+	stored      *Stored
 }
 
 type key struct{ tenant, id string }
@@ -244,6 +248,7 @@ func New(opt Options) *Manager {
 	}
 	// Options are read when used: tests change them after New.
 	m.admission = &admission{opt: &m.opt, live: m.usage}
+	m.replicas, m.starts, m.pauses, m.hibernation = replicas{m}, starts{m}, pauses{m}, hibernation{m}
 	m.stored = &Stored{snapshots: opt.Snapshots, more: opt.StoredPrefixes, limits: m.admission.limits}
 	m.ws = workspace.NewDirs(workspace.DirsConfig{
 		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,

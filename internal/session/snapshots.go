@@ -45,7 +45,7 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 	if err != nil {
 		return nil, err
 	}
-	if err := m.sync(ctx, rec); err != nil {
+	if err := m.replicas.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if max := m.Limits(tenant).Snapshots; max > 0 {
@@ -61,7 +61,7 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 		return nil, err
 	}
 	if rec.Status == api.StatusHibernated {
-		if _, err = m.restoreHibernated(ctx, rec); err != nil {
+		if _, err = m.hibernation.restoreHibernated(ctx, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -74,7 +74,7 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 	sb, prev := e.slot.Held(), e.snap
 	if e.slot.State() == sandbox.SlotRunning {
 		if err := freezeSandbox(ctx, sb); err == nil && e.slot.Move(sandbox.SlotPaused, nil, nil) == nil {
-			defer m.thaw(context.WithoutCancel(ctx), e, sb)
+			defer m.pauses.thaw(context.WithoutCancel(ctx), e, sb)
 		}
 	}
 	e.unlock()
@@ -186,7 +186,7 @@ func (sn *Snapshots) Restore(ctx context.Context, tenant, id, sid string) (*Sess
 	if err != nil {
 		return nil, err
 	}
-	if err := m.sync(ctx, rec); err != nil {
+	if err := m.replicas.sync(ctx, rec); err != nil {
 		return nil, err
 	}
 	if _, err := sn.load(ctx, k, sid); err != nil {
@@ -194,7 +194,7 @@ func (sn *Snapshots) Restore(ctx context.Context, tenant, id, sid string) (*Sess
 	}
 	// Another replica's executions and file calls hold it off too: the
 	// sandbox and the workspace they use go.
-	if err := m.busyElsewhere(ctx, rec, api.StatusRunning); err != nil {
+	if err := m.replicas.busyElsewhere(ctx, rec, api.StatusRunning); err != nil {
 		return nil, err
 	}
 	e := m.entry(k)

@@ -87,9 +87,10 @@ func noteStarted(ctx context.Context, e *entry, started bool) {
 
 // restore is restoreHibernated in a span of its own, session.restore: the
 // workspace comes back from the blob store, the slowest way to a sandbox.
-func (m *Manager) restore(ctx context.Context, rec *store.Session) (*store.Session, error) {
+func (hb *hibernation) restore(ctx context.Context, rec *store.Session) (*store.Session, error) {
+	m := hb.m
 	ctx, span := startSpan(ctx, "session.restore", rec.ID)
-	out, err := m.restoreHibernated(ctx, rec)
+	out, err := m.hibernation.restoreHibernated(ctx, rec)
 	if err != nil {
 		span.SetStatus(codes.Error, err.Error())
 	}

@@ -91,7 +91,7 @@ func TestHeldAndSandboxOf(t *testing.T) {
 // record names (same host), and lets its own older one go for it.
 func TestSandboxOfElsewhere(t *testing.T) {
 	rt := runtimetest.NewFake()
-	a, b := replicas(t, rt)
+	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
 	if len(b.Held()) != 0 {
