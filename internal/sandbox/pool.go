@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -36,8 +34,8 @@ type pool struct {
 type Pooled struct {
 	Sandbox *Sandbox
 	// Build is the template build it runs.
-	Build string
-	dir   string // its workspace, under Dirs.PoolDir
+	Build  string
+	volume string // its workspace (workspace.PoolVolume)
 }
 
 // PoolSizes reports each pool's ready sandboxes.
@@ -140,26 +138,23 @@ func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error)
 	}
 	defer release()
 	id := newID()
-	dir := filepath.Join(s.ws.PoolDir(), id)
-	if err := os.MkdirAll(s.ws.PoolDir(), 0o711); err != nil {
-		return nil, err
-	}
+	vol := workspace.PoolVolume(id)
 	// The template's default disk: a session claims a pooled sandbox only
 	// if it asked for that.
-	if err := s.ws.Make(ctx, dir, spec.Resources.WithDefaults().DiskMB); err != nil {
+	if err := s.ws.Create(ctx, vol, spec.Resources.WithDefaults().DiskMB); err != nil {
 		return nil, err
 	}
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
-		ID: id, Image: tmpl.Image(), Volume: workspace.PoolVolume(id), Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
+		ID: id, Image: tmpl.Image(), Volume: vol, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
 		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, LabelTemplate: name}),
 	})
 	if err != nil {
-		s.ws.Remove(context.WithoutCancel(ctx), dir)
+		s.ws.Remove(context.WithoutCancel(ctx), vol)
 		return nil, err
 	}
-	pd := &Pooled{Sandbox: Attach(rt, id), Build: tmpl.Hash, dir: dir}
+	pd := &Pooled{Sandbox: Attach(rt, id), Build: tmpl.Hash, volume: vol}
 	// Ready means preload done, so that the first execution pays nothing.
 	if err := pd.Sandbox.Client.WaitReady(cctx); err != nil {
 		s.DropPooled(pd)
@@ -173,8 +168,8 @@ func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error)
 // workspace.
 func (s *Service) DropPooled(pd *Pooled) {
 	s.Destroy(context.Background(), pd.Sandbox)
-	if err := s.ws.Remove(context.Background(), pd.dir); err != nil {
-		s.log.Warn("warm pool: removing a workspace", "dir", pd.dir, "err", err)
+	if err := s.ws.Remove(context.Background(), pd.volume); err != nil {
+		s.log.Warn("warm pool: removing a workspace", "volume", pd.volume, "err", err)
 	}
 }
 
@@ -230,7 +225,7 @@ func (s *Service) Claim(req Request) (*Pooled, bool) {
 	case s.refill <- struct{}{}:
 	default:
 	}
-	if err := s.ws.MoveInto(pd.dir, s.ws.Dir(req.Tenant, req.Session)); err != nil {
+	if err := s.ws.Claim(context.Background(), pd.volume, workspace.SessionVolume(req.Tenant, req.Session)); err != nil {
 		s.log.Error("warm pool: moving a workspace into a pooled sandbox", "session", req.Session, "err", err)
 		s.DropPooled(pd)
 		return nil, false

@@ -19,8 +19,6 @@ import (
 	"log/slog"
 	"maps"
 	"net"
-	"os"
-	"path/filepath"
 	goruntime "runtime"
 	"sync"
 	"time"
@@ -82,9 +80,9 @@ type Config struct {
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
-	// Dirs are the workspace directories: sessions' sandboxes mount
-	// theirs, pooled ones get their own under Dirs.PoolDir.
-	Dirs *workspace.Dirs
+	// Workspaces keeps the workspaces: sessions' sandboxes mount theirs,
+	// pooled ones get their own (workspace.PoolVolume).
+	Workspaces workspace.Store
 	// StartTimeout bounds a sandbox start (template build and the wait
 	// for a start slot excluded). Default 60s.
 	StartTimeout time.Duration
@@ -114,7 +112,7 @@ type Config struct {
 type Service struct {
 	cfg  Config
 	log  *slog.Logger
-	ws   *workspace.Dirs
+	ws   workspace.Store
 	ctx  context.Context // background work: pools, prebuilds
 	stop context.CancelFunc
 	wg   sync.WaitGroup
@@ -145,7 +143,7 @@ func New(cfg Config) *Service {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Service{
-		cfg: cfg, log: cfg.Log, ws: cfg.Dirs, ctx: ctx, stop: stop,
+		cfg: cfg, log: cfg.Log, ws: cfg.Workspaces, ctx: ctx, stop: stop,
 		starts:   make(chan struct{}, cfg.MaxStarts),
 		runtimes: map[string]runtime.Runtime{},
 		pools:    map[string]*pool{}, refill: make(chan struct{}, 1),
@@ -499,7 +497,7 @@ func (s *Service) Sweep(ctx context.Context, named func(context.Context) (map[st
 			continue
 		}
 		if info.Labels[LabelPool] != "" {
-			if err := s.ws.Remove(ctx, filepath.Join(s.ws.PoolDir(), info.ID)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			if err := s.ws.Remove(ctx, workspace.PoolVolume(info.ID)); err != nil {
 				s.log.Warn("removing a dead replica's pooled workspace", "sandbox", info.ID, "err", err)
 			}
 		}

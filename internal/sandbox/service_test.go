@@ -26,10 +26,10 @@ func newService(t *testing.T, rt runtime.Runtime, alive ...string) *Service {
 	t.Helper()
 	dir := t.TempDir()
 	s := New(Config{
-		Templates: template.NewStore(filepath.Join(dir, "templates")),
-		Runtime:   func(string) (runtime.Runtime, error) { return rt, nil },
-		Dirs:      workspace.NewDirs(workspace.DirsConfig{Root: filepath.Join(dir, "workspaces")}),
-		Instance:  "inst", Replica: "me",
+		Templates:  template.NewStore(filepath.Join(dir, "templates")),
+		Runtime:    func(string) (runtime.Runtime, error) { return rt, nil },
+		Workspaces: workspace.NewDirs(workspace.DirsConfig{Root: filepath.Join(dir, "workspaces")}),
+		Instance:   "inst", Replica: "me",
 		Alive: func(ctx context.Context, replica string) (bool, error) {
 			return slices.Contains(alive, replica), nil
 		},

@@ -368,7 +368,7 @@ func (m *Manager) Workspace(ctx context.Context, tenant, id string) (*Session, *
 			}
 			continue
 		}
-		ws, err := workspace.Open(m.ws.Dir(k.tenant, k.id), m.opt.Owners)
+		ws, err := m.ws.Open(ctx, volume(k))
 		if err != nil {
 			f.release()
 			return nil, nil, err

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // Pause freezes the session's sandbox. A session without a sandbox
@@ -418,7 +418,7 @@ func (hb *hibernation) hibernateAs(ctx context.Context, rec *store.Session, idle
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
 		}
 	}
-	_, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), hibernatedKey(k), prev)
+	_, st, err := m.ws.Save(ctx, volume(k), hibernatedKey(k), prev)
 	m.Stored().Add(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false
@@ -443,7 +443,7 @@ func (hb *hibernation) hibernateAs(ctx context.Context, rec *store.Session, idle
 	if err != nil {
 		return nil, err
 	}
-	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
+	if err := m.ws.Discard(ctx, volume(k)); err != nil {
 		m.log.Error("removing a hibernated workspace", "session", rec.ID, "err", err)
 	}
 	// Told once the workspace is off the host, not before.
@@ -457,8 +457,11 @@ func (hb *hibernation) hibernateAs(ctx context.Context, rec *store.Session, idle
 func (hb *hibernation) restoreHibernated(ctx context.Context, rec *store.Session) (*store.Session, error) {
 	m := hb.m
 	k := key{rec.Tenant, rec.ID}
-	dir := m.ws.Dir(k.tenant, k.id)
-	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+	there, err := m.ws.Exists(ctx, volume(k))
+	if err != nil {
+		return nil, err
+	}
+	if !there {
 		if m.opt.Snapshots == nil {
 			return nil, fmt.Errorf("session %q is hibernated and this server has no blob store: %w", rec.ID, errdefs.ErrUnavailable)
 		}
@@ -466,19 +469,12 @@ func (hb *hibernation) restoreHibernated(ctx context.Context, rec *store.Session
 		if err != nil {
 			return nil, err
 		}
-		fresh, _, err := m.ws.Restore(ctx, hibernatedKey(k), s.Config.Resources.Disk)
-		if err != nil {
+		if err := m.ws.Restore(ctx, volume(k), hibernatedKey(k), s.Config.Resources.Disk); err != nil {
 			return nil, fmt.Errorf("session %q: restoring its hibernated workspace: %w", rec.ID, err)
 		}
-		if err := os.Rename(fresh, dir); err != nil {
-			m.ws.Remove(context.WithoutCancel(ctx), fresh)
-			return nil, fmt.Errorf("session %q: putting its restored workspace in place: %w", rec.ID, err)
-		}
-	} else if err != nil {
-		return nil, err
 	}
 	rec.LastActivityAt = time.Now().UTC()
-	rec, err := m.move(ctx, rec, api.StatusRunning, "")
+	rec, err = m.move(ctx, rec, api.StatusRunning, "")
 	if err != nil {
 		return nil, err
 	}
@@ -491,6 +487,9 @@ func (hb *hibernation) restoreHibernated(ctx context.Context, rec *store.Session
 	m.opt.Events("restore")
 	return rec, nil
 }
+
+// volume is the name of the session's workspace in the workspace store.
+func volume(k key) string { return workspace.SessionVolume(k.tenant, k.id) }
 
 // Blob keys of a session's saved workspaces: TENANT/SESSION/hibernated
 // and TENANT/SESSION/snapshots/ID.

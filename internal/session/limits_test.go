@@ -182,7 +182,7 @@ func TestStoredLimit(t *testing.T) {
 		t.Helper()
 		b := make([]byte, 3<<20)
 		rand.Read(b)
-		if err := os.WriteFile(filepath.Join(m.ws.Dir(tenant, "s"), name), b, 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(filepath.Join(m.opt.WorkspaceDir, tenant, "s"), name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -217,7 +217,7 @@ func TestStoredLimit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Remove(filepath.Join(m.ws.Dir("t", "s"), "0")); err != nil {
+	if err := os.Remove(filepath.Join(filepath.Join(m.opt.WorkspaceDir, "t", "s"), "0")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.opt.Snapshots.Collect(ctx, 0); err != nil {

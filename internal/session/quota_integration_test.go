@@ -12,6 +12,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // quotaCases run a benchmark without quotas and with btrfs ones, on the
@@ -45,22 +46,19 @@ func BenchmarkClaimMove(b *testing.B) {
 	quotaCases(b, func(b *testing.B, configure func(*Options)) {
 		m := newManager(b, runtimetest.NewFake(), configure)
 		ctx := context.Background()
-		if err := os.MkdirAll(filepath.Join(m.opt.WorkspaceDir, "t"), 0o711); err != nil {
-			b.Fatal(err)
-		}
 		for i := 0; i < b.N; i++ {
 			b.StopTimer()
-			pool, ws := filepath.Join(m.opt.WorkspaceDir, fmt.Sprint("p", i)), filepath.Join(m.opt.WorkspaceDir, "t", fmt.Sprint("s", i))
-			for _, d := range []string{pool, ws} {
-				if err := m.ws.Make(ctx, d, 100); err != nil {
+			pool, ws := workspace.PoolVolume(fmt.Sprint("p", i)), workspace.SessionVolume("t", fmt.Sprint("s", i))
+			for _, v := range []string{pool, ws} {
+				if err := m.ws.Create(ctx, v, 100); err != nil {
 					b.Fatal(err)
 				}
 			}
-			if err := os.WriteFile(filepath.Join(ws, "data.csv"), make([]byte, 64<<10), 0o644); err != nil {
+			if err := os.WriteFile(filepath.Join(m.opt.WorkspaceDir, ws, "data.csv"), make([]byte, 64<<10), 0o644); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
-			if err := m.ws.MoveInto(pool, ws); err != nil {
+			if err := m.ws.Claim(ctx, pool, ws); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -73,16 +71,17 @@ func TestClaimMoveKeepsQuota(t *testing.T) {
 	q, root := quotatest.Mount(t)
 	m := newManager(t, runtimetest.NewFake(), func(o *Options) { o.Quota, o.WorkspaceDir = q, root })
 	ctx := context.Background()
-	pool, ws := filepath.Join(root, "pool"), filepath.Join(root, "ws")
-	for _, d := range []string{pool, ws} {
-		if err := m.ws.Make(ctx, d, 16); err != nil {
+	pool, vol := workspace.PoolVolume("pool"), workspace.SessionVolume("t", "ws")
+	for _, v := range []string{pool, vol} {
+		if err := m.ws.Create(ctx, v, 16); err != nil {
 			t.Fatal(err)
 		}
 	}
+	ws := filepath.Join(root, vol)
 	if err := os.WriteFile(filepath.Join(ws, "big"), make([]byte, 12<<20), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.ws.MoveInto(pool, ws); err != nil {
+	if err := m.ws.Claim(ctx, pool, vol); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(filepath.Join(ws, "big")); err != nil {

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
@@ -149,17 +147,9 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		return nil, false, err
 	}
 	defer release() // on the way out of a failure; at once after the insert otherwise
-	// The tenant's directory is the server's alone: sandboxes reach their
-	// workspace through a bind mount the server makes, never by this path.
-	if err := os.MkdirAll(filepath.Dir(m.ws.Dir(k.tenant, k.id)), 0o700); err != nil {
-		return nil, false, err
-	}
 	// A workspace left by a session of this id that a crash kept from
-	// being removed is not this session's.
-	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
-		return nil, false, err
-	}
-	if err := m.ws.Make(ctx, m.ws.Dir(k.tenant, k.id), cfg.Resources.Disk); err != nil {
+	// being removed is not this session's: Create discards it.
+	if err := m.ws.Create(ctx, volume(k), cfg.Resources.Disk); err != nil {
 		return nil, false, fmt.Errorf("session %q: workspace: %w", req.SessionID, err)
 	}
 	err = m.opt.Store.CreateSession(ctx, rec)
@@ -267,7 +257,7 @@ func (m *Manager) terminate(ctx context.Context, rec *store.Session, why string)
 	if rec.SandboxID != "" && rec.SandboxID != held {
 		m.sbx.DestroyRecorded(ctx, rec.Tenant, rec.TemplateID, pinnedBuild(rec), rec.SandboxID)
 	}
-	if err := m.ws.Discard(m.ws.Dir(k.tenant, k.id)); err != nil {
+	if err := m.ws.Discard(ctx, volume(k)); err != nil {
 		m.log.Error("removing workspace", "session", k.id, "err", err)
 	}
 	m.Snapshots().drop(ctx, k)

@@ -456,9 +456,6 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.sbx.CheckPools(); err != nil {
 		return err
 	}
-	if err := m.ws.RemoveAll(ctx, m.ws.Trash(), nil); err != nil {
-		m.log.Warn("emptying the workspace trash", "err", err)
-	}
 	recs, err := m.opt.Store.ListSandboxSessions(ctx)
 	if err != nil {
 		return err
@@ -512,10 +509,10 @@ func (m *Manager) Start(ctx context.Context) error {
 	if adopted+lost > 0 {
 		m.log.Info("reconciled sessions with their sandboxes", "adopted", adopted, "lost", lost)
 	}
-	// What is left there belonged to pooled sandboxes no session took,
-	// but for the pools of live replicas.
-	if err := m.ws.RemoveAll(ctx, m.ws.PoolDir(), peers); err != nil {
-		m.log.Warn("emptying the warm pools' workspaces", "err", err)
+	// What a previous server left: workspaces being removed, and those
+	// of pooled sandboxes no session took, but for live replicas' pools.
+	if err := m.ws.Reset(ctx, peers); err != nil {
+		m.log.Warn("emptying the workspace trash and the warm pools' workspaces", "err", err)
 	}
 	m.wg.Add(1)
 	go m.Reaper().run()

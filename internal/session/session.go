@@ -49,6 +49,10 @@ type Options struct {
 	// Runtime returns the runtime for a template's runtime name ("" is the
 	// default, runc). It is called once per name and its answer kept.
 	Runtime func(name string) (runtime.Runtime, error)
+	// Workspaces keeps the sessions' workspaces by name; nil: directories
+	// of this host under WorkspaceDir (workspace.Dirs, with Quota, Owners
+	// and Snapshots).
+	Workspaces workspace.Store
 	// WorkspaceDir holds the workspaces: WorkspaceDir/TENANT/SESSION.
 	WorkspaceDir string
 	// Quota makes each workspace a directory limited to the session's
@@ -158,7 +162,7 @@ type Manager struct {
 
 	locks *locker
 	sbx   *sandbox.Service
-	ws    *workspace.Dirs
+	ws    workspace.Store
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -250,11 +254,14 @@ func New(opt Options) *Manager {
 	m.admission = &admission{opt: &m.opt, live: m.usage}
 	m.replicas, m.starts, m.pauses, m.hibernation = replicas{m}, starts{m}, pauses{m}, hibernation{m}
 	m.stored = &Stored{snapshots: opt.Snapshots, more: opt.StoredPrefixes, limits: m.admission.limits}
-	m.ws = workspace.NewDirs(workspace.DirsConfig{
-		Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
-	})
+	m.ws = opt.Workspaces
+	if m.ws == nil {
+		m.ws = workspace.NewDirs(workspace.DirsConfig{
+			Root: opt.WorkspaceDir, Quota: opt.Quota, Owners: opt.Owners, Saved: opt.Snapshots, Log: opt.Log,
+		})
+	}
 	m.sbx = sandbox.New(sandbox.Config{
-		Templates: opt.Templates, Resolve: opt.Resolve, NotBuilt: opt.NotBuilt, Runtime: opt.Runtime, Dirs: m.ws,
+		Templates: opt.Templates, Resolve: opt.Resolve, NotBuilt: opt.NotBuilt, Runtime: opt.Runtime, Workspaces: m.ws,
 		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
 		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
 		Destroying: opt.Destroying,

@@ -267,13 +267,12 @@ func (h *heldBlobs) Put(ctx context.Context, key string, r io.Reader) (int64, er
 // server's sandboxes (every start and /metrics does) does not wait for it.
 func TestSnapshotDoesNotBlockCounts(t *testing.T) {
 	rt := runtimetest.NewFake()
-	m := newManager(t, rt)
 	blobs, err := blobfs.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	held := &heldBlobs{Store: blobs, held: make(chan struct{}), release: make(chan struct{})}
-	m.opt.Snapshots = snapshot.New(held, "snapshots", snapshot.Limits{})
+	m := newManager(t, rt, func(o *Options) { o.Snapshots = snapshot.New(held, "snapshots", snapshot.Limits{}) })
 	ctx := context.Background()
 	for _, id := range []string{"slow", "other"} {
 		if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: id}); err != nil {
@@ -310,18 +309,17 @@ func TestSnapshotDoesNotBlockCounts(t *testing.T) {
 // session goes on as it was: sandbox running, files in place.
 func TestHibernateRefusedKeepsSession(t *testing.T) {
 	rt := runtimetest.NewFake()
-	m := newManager(t, rt)
 	blobs, err := blobfs.New(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.opt.Snapshots = snapshot.New(blobs, "snapshots", snapshot.Limits{MaxEntries: 10})
+	m := newManager(t, rt, func(o *Options) { o.Snapshots = snapshot.New(blobs, "snapshots", snapshot.Limits{MaxEntries: 10}) })
 	ctx := context.Background()
 	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "big"}); err != nil {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "big")
-	dir := m.ws.Dir("t", "big")
+	dir := filepath.Join(m.opt.WorkspaceDir, "t", "big")
 	for i := range 20 {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%02d", i)), []byte("x"), 0o644); err != nil {
 			t.Fatal(err)

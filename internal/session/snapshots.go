@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -14,7 +13,6 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/blob"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
-	"golang.org/x/sys/unix"
 )
 
 // Snapshots are a session's saved workspaces that it can go back to
@@ -79,7 +77,7 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 	}
 	e.unlock()
 	sid := newSnapshotID()
-	mf, st, err := m.opt.Snapshots.Save(ctx, m.ws.Dir(k.tenant, k.id), snapshotKey(k, sid), prev)
+	mf, st, err := m.ws.Save(ctx, volume(k), snapshotKey(k, sid), prev)
 	m.Stored().Add(tenant, st.NewBytes+st.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)
@@ -216,27 +214,11 @@ func (sn *Snapshots) Restore(ctx context.Context, tenant, id, sid string) (*Sess
 	if err != nil {
 		return nil, err
 	}
-	fresh, _, err := m.ws.Restore(ctx, snapshotKey(k, sid), s.Config.Resources.Disk)
-	if err != nil {
+	if err := m.ws.Restore(ctx, volume(k), snapshotKey(k, sid), s.Config.Resources.Disk); err != nil {
 		if serr := m.save(ctx, rec); serr != nil {
 			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
 		}
 		return nil, fmt.Errorf("session %q: restoring snapshot %s: %w", id, sid, err)
-	}
-	dir := m.ws.Dir(k.tenant, k.id)
-	err = unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
-	switch {
-	case err == nil:
-		if err := m.ws.Discard(fresh); err != nil { // now the old workspace
-			m.log.Error("removing a replaced workspace", "session", id, "err", err)
-		}
-	case errors.Is(err, unix.ENOENT): // hibernated: no workspace on the host
-		if err := os.Rename(fresh, dir); err != nil {
-			return nil, err
-		}
-	default:
-		m.ws.Remove(context.WithoutCancel(ctx), fresh)
-		return nil, fmt.Errorf("session %q: putting the restored workspace in place: %w", id, err)
 	}
 	if rec.Status == api.StatusHibernated {
 		if err := m.opt.Snapshots.Delete(ctx, hibernatedKey(k)); err != nil {

@@ -5,13 +5,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
@@ -66,20 +69,79 @@ func NewDirs(cfg DirsConfig) *Dirs {
 	}
 }
 
+// Store keeps sessions' workspaces as volumes, by name (SessionVolume,
+// PoolVolume): where they are is the store's business. Dirs keeps them as
+// directories of this host, each with a disk quota; a runtime with no
+// host in common with the control plane keeps them its own way. The
+// session and sandbox layers use only this.
+type Store interface {
+	// Create makes name a new, empty workspace limited to diskMB;
+	// whatever was under that name is discarded first.
+	Create(ctx context.Context, name string, diskMB int64) error
+	// Open opens the workspace for file calls.
+	Open(ctx context.Context, name string) (Workspace, error)
+	// Exists reports whether there is a workspace of that name.
+	Exists(ctx context.Context, name string) (bool, error)
+	// Save saves the workspace under the blob key (prev: an earlier
+	// manifest of it, whose content is reused where unchanged).
+	Save(ctx context.Context, name, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error)
+	// Restore makes the tree saved at key the workspace's, limited to
+	// diskMB, in one step: until it returns, the workspace is what it was
+	// (or none), never a part.
+	Restore(ctx context.Context, name, key string, diskMB int64) error
+	// Claim makes the pooled workspace the session's: its files move
+	// into pooled, which then takes the session's name.
+	Claim(ctx context.Context, pooled, name string) error
+	// Discard takes the workspace away at once and removes it in the
+	// background; Remove removes it now. Neither is an error for a
+	// workspace that is not there.
+	Discard(ctx context.Context, name string) error
+	Remove(ctx context.Context, name string) error
+	// Reset removes what a previous server left: workspaces being
+	// removed, and the pools' but those of the sandboxes in keep (live
+	// replicas' pools).
+	Reset(ctx context.Context, keep map[string]bool) error
+	// Wait waits for the removals Discard started.
+	Wait()
+}
+
+var _ Store = (*Dirs)(nil)
+
 // Wait waits for the removals Discard started.
 func (d *Dirs) Wait() { d.wg.Wait() }
 
-// Dir is a session's workspace.
-func (d *Dirs) Dir(tenant, id string) string { return filepath.Join(d.root, tenant, id) }
+// dir is the directory of the volume called name, which need not exist.
+func (d *Dirs) dir(name string) (string, error) {
+	if len(name) > maxVolumeName {
+		return "", fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	}
+	owner, id, ok := strings.Cut(name, "/")
+	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
+		return "", fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
+	}
+	return filepath.Join(d.root, owner, id), nil
+}
 
-// PoolDir holds the warm pools' workspaces.
-func (d *Dirs) PoolDir() string { return filepath.Join(d.root, ".pool") }
-
-// Trash holds what is being removed: a restarted server empties it.
-func (d *Dirs) Trash() string { return d.trash }
-
-// Make makes dir a new, empty workspace limited to diskMB.
-func (d *Dirs) Make(ctx context.Context, dir string, diskMB int64) error {
+// Create makes the volume a new, empty workspace limited to diskMB. The
+// directory it is in (the tenant's, the pools') is the server's alone:
+// sandboxes reach their workspace through a bind mount the server makes,
+// never by this path.
+func (d *Dirs) Create(ctx context.Context, name string, diskMB int64) error {
+	dir, err := d.dir(name)
+	if err != nil {
+		return err
+	}
+	parentMode := os.FileMode(0o700)
+	if strings.HasPrefix(name, poolVolume+"/") {
+		parentMode = 0o711 // as it always was
+	}
+	if err := os.MkdirAll(filepath.Dir(dir), parentMode); err != nil {
+		return err
+	}
+	// A workspace that a crash kept from being removed is not this one.
+	if err := d.discard(dir); err != nil {
+		return err
+	}
 	if diskMB <= 0 { // a record from before sessions kept their disk size
 		diskMB = runtime.DefaultResources.DiskMB
 	}
@@ -94,17 +156,63 @@ func (d *Dirs) Make(ctx context.Context, dir string, diskMB int64) error {
 	return ws.Close()
 }
 
+// Open opens the volume's workspace.
+func (d *Dirs) Open(ctx context.Context, name string) (Workspace, error) {
+	dir, err := d.dir(name)
+	if err != nil {
+		return nil, err
+	}
+	return Open(dir, d.owners)
+}
+
+// Exists reports whether the volume's directory is there.
+func (d *Dirs) Exists(ctx context.Context, name string) (bool, error) {
+	dir, err := d.dir(name)
+	if err != nil {
+		return false, err
+	}
+	switch _, err := os.Lstat(dir); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, os.ErrNotExist):
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// Save snapshots the volume's directory: the walk that reuses prev's
+// hashes for files whose inode and change time are the same.
+func (d *Dirs) Save(ctx context.Context, name, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	dir, err := d.dir(name)
+	if err != nil {
+		return nil, snapshot.Stats{}, err
+	}
+	if d.saved == nil {
+		return nil, snapshot.Stats{}, fmt.Errorf("saving a workspace: no blob store: %w", errdefs.ErrUnavailable)
+	}
+	return d.saved.Save(ctx, dir, key, prev)
+}
+
 // restoreHeadroom is how far past its limit a restore may write: a
 // workspace saved full must come back, and btrfs lays out the metadata of
 // a rebuilt tree a little differently. The limit is set back once it is.
 func restoreHeadroom(limit int64) int64 { return limit/4 + 16<<20 }
 
-// Restore rebuilds the workspace saved at the blob key in a new
-// directory in the trash, limited to diskMB, and returns that directory
-// for the caller to rename into place.
-func (d *Dirs) Restore(ctx context.Context, key string, diskMB int64) (string, *snapshot.Manifest, error) {
+// Restore rebuilds the tree saved at key in a new directory in the trash,
+// limited to diskMB, and then puts it in the volume's place in one
+// rename: exchanged with the directory there, which is then discarded,
+// or renamed to a name that is free.
+func (d *Dirs) Restore(ctx context.Context, name, key string, diskMB int64) error {
+	dir, err := d.dir(name)
+	if err != nil {
+		return err
+	}
+	if d.saved == nil {
+		return fmt.Errorf("restoring a workspace: no blob store: %w", errdefs.ErrUnavailable)
+	}
 	if err := os.MkdirAll(d.trash, 0o700); err != nil {
-		return "", nil, err
+		return err
 	}
 	fresh := filepath.Join(d.trash, randomName("restore"))
 	if diskMB <= 0 {
@@ -112,24 +220,51 @@ func (d *Dirs) Restore(ctx context.Context, key string, diskMB int64) (string, *
 	}
 	limit := quota.MB(diskMB)
 	if err := d.quota.Make(ctx, fresh, limit+restoreHeadroom(limit)); err != nil {
-		return "", nil, err
+		return err
 	}
-	mf, err := d.saved.RestoreInto(ctx, key, fresh)
+	_, err = d.saved.RestoreInto(ctx, key, fresh)
 	if err == nil {
 		err = d.quota.SetLimit(ctx, fresh, limit)
 	}
+	if err == nil {
+		err = d.putInPlace(fresh, dir)
+	}
 	if err != nil {
 		d.quota.Remove(context.WithoutCancel(ctx), fresh)
-		return "", nil, err
+		return err
 	}
-	return fresh, mf, nil
+	return nil
 }
 
-// RemoveAll removes dir, made of workspaces (the trash, the pools'
+// putInPlace makes fresh the directory at dir: exchanged with what is
+// there (then discarded), or renamed if nothing is.
+func (d *Dirs) putInPlace(fresh, dir string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, fresh, unix.AT_FDCWD, dir, unix.RENAME_EXCHANGE)
+	switch {
+	case err == nil:
+		if err := d.discard(fresh); err != nil { // now the old workspace
+			d.log.Error("removing a replaced workspace", "dir", fresh, "err", err)
+		}
+		return nil
+	case errors.Is(err, unix.ENOENT):
+		if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+			return err
+		}
+		return os.Rename(fresh, dir)
+	}
+	return err
+}
+
+// Reset empties the trash, and the pools' directory but for keep.
+func (d *Dirs) Reset(ctx context.Context, keep map[string]bool) error {
+	return errors.Join(d.removeAll(ctx, d.trash, nil), d.removeAll(ctx, filepath.Join(d.root, poolVolume), keep))
+}
+
+// removeAll removes dir, made of workspaces (the trash, the pools'
 // directory), each with one Quota.Remove: its entries but those named in
-// keep, then dir itself if nothing was kept. An entry gone meanwhile (another replica
-// sharing the data directory removed it) is no error.
-func (d *Dirs) RemoveAll(ctx context.Context, dir string, keep map[string]bool) error {
+// keep, then dir itself if nothing was kept. An entry gone meanwhile
+// (another replica sharing the data directory removed it) is no error.
+func (d *Dirs) removeAll(ctx context.Context, dir string, keep map[string]bool) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -152,10 +287,18 @@ func (d *Dirs) RemoveAll(ctx context.Context, dir string, keep map[string]bool) 
 	return errors.Join(errs...)
 }
 
-// Discard moves dir, if it exists, to the trash and removes it in the
-// background: the path is free at once, and a crash halfway leaves no
-// half-removed workspace where a session would find it.
-func (d *Dirs) Discard(dir string) error {
+// Discard moves the volume's directory, if it exists, to the trash and
+// removes it in the background: the name is free at once, and a crash
+// halfway leaves no half-removed workspace where a session would find it.
+func (d *Dirs) Discard(ctx context.Context, name string) error {
+	dir, err := d.dir(name)
+	if err != nil {
+		return err
+	}
+	return d.discard(dir)
+}
+
+func (d *Dirs) discard(dir string) error {
 	if err := os.MkdirAll(d.trash, 0o700); err != nil {
 		return err
 	}
@@ -178,12 +321,20 @@ func (d *Dirs) Discard(dir string) error {
 	return nil
 }
 
-// MoveInto makes the pooled workspace dir the session's workspace at
-// dst: dst's entries move into dir, then dir takes dst's place. The two
-// have quotas of their own, equal (the claim checked), so the entries are
-// copied, by reflink, rather than renamed (quota.MoveEntries). If that
-// or the exchange fails, dst is left as it was.
-func (d *Dirs) MoveInto(dir, dst string) error {
+// Claim makes the pooled workspace the session's at name: name's entries
+// move into pooled, then pooled takes name's place. The two have quotas of
+// their own, equal (the claim checked), so the entries are copied, by
+// reflink, rather than renamed (quota.MoveEntries). If that or the
+// exchange fails, name's workspace is left as it was.
+func (d *Dirs) Claim(ctx context.Context, pooled, name string) error {
+	dir, err := d.dir(pooled)
+	if err != nil {
+		return err
+	}
+	dst, err := d.dir(name)
+	if err != nil {
+		return err
+	}
 	undo, err := quota.MoveEntries(dst, dir)
 	if err != nil {
 		return err
@@ -199,8 +350,17 @@ func (d *Dirs) MoveInto(dir, dst string) error {
 	return nil
 }
 
-// Remove removes one workspace directory now.
-func (d *Dirs) Remove(ctx context.Context, dir string) error { return d.quota.Remove(ctx, dir) }
+// Remove removes the volume's directory now.
+func (d *Dirs) Remove(ctx context.Context, name string) error {
+	dir, err := d.dir(name)
+	if err != nil {
+		return err
+	}
+	if err := d.quota.Remove(ctx, dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
 
 // randomName is prefix-HEX, a name no other directory in the trash has.
 func randomName(prefix string) string {

@@ -52,7 +52,8 @@ func (v Volumes) VolumeDir(ctx context.Context, name string) (string, error) {
 	return dir, nil
 }
 
-// VolumeDir is Volumes.VolumeDir over d's root.
+// VolumeDir is Volumes.VolumeDir over d's root: the oci runtime's
+// resolver of the volumes Dirs keeps.
 func (d *Dirs) VolumeDir(ctx context.Context, name string) (string, error) {
 	return Volumes(d.root).VolumeDir(ctx, name)
 }
