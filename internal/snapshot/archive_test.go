@@ -23,7 +23,9 @@ type hdr struct {
 	body []byte
 }
 
-func dirH(name string) hdr { return hdr{Header: tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: 1000, Gid: 1000}} }
+func dirH(name string) hdr {
+	return hdr{Header: tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: 1000, Gid: 1000}}
+}
 func fileH(name string, body []byte) hdr {
 	return hdr{Header: tar.Header{Name: name, Typeflag: tar.TypeReg, Mode: 0o644, Uid: 1000, Gid: 1000, Size: int64(len(body)),
 		ModTime: time.Unix(1700000000, 123456000)}, body: body}
