@@ -33,7 +33,20 @@ import (
 // increasing by comparePaths and a Save can walk the previous manifest
 // alongside the tree. Version 1 manifests (no "v") are in the order of
 // the directory listings; they are read, not written.
-const manifestVersion = 2
+//
+// Version 3 is version 2 saved from a workspace archive (SaveArchive):
+// its header says "owners": "sandbox", its entries' owners are the
+// sandbox's ids (0 for its root, 1000 for its user), not the host's, and
+// its directories have no times. A server that predates it refuses it
+// rather than give its files to the host's root.
+const (
+	manifestVersion = 2
+	archiveVersion  = 3
+	latestVersion   = archiveVersion
+)
+
+// sandboxOwners is the Owners of a version 3 manifest.
+const sandboxOwners = "sandbox"
 
 // Manifest describes a saved tree: the header of its manifest.
 type Manifest struct {
@@ -47,7 +60,14 @@ type Manifest struct {
 	// content and the time after which Collect deletes it.
 	SHA256    string    `json:"sha256,omitempty"`
 	KeepUntil time.Time `json:"keep_until,omitzero"`
+	// Owners says whose ids the entries carry: "" the host's (Save),
+	// "sandbox" the sandbox's (SaveArchive, version 3).
+	Owners string `json:"owners,omitempty"`
 }
+
+// SandboxOwners reports whether the entries carry the sandbox's ids (0
+// and 1000) rather than the host's.
+func (m *Manifest) SandboxOwners() bool { return m.Owners == sandboxOwners }
 
 // Entry is one file, directory or symbolic link; "." is the root.
 type Entry struct {
@@ -198,8 +218,14 @@ func readHeader(r io.Reader, m *Manifest) (*manifestReader, error) {
 			if t, err := dec.Token(); err != nil || t != json.Delim('[') {
 				return nil, bad("entries are not an array (%v)", err)
 			}
-			if m.Version > manifestVersion {
-				return nil, bad("version %d is newer than this server's %d", m.Version, manifestVersion)
+			if m.Version > latestVersion {
+				return nil, bad("version %d is newer than this server's %d", m.Version, latestVersion)
+			}
+			// The owners are the sandbox's in version 3 and only there:
+			// mistaking one kind for the other would give files to the
+			// wrong users.
+			if (m.Version == archiveVersion) != (m.Owners == sandboxOwners) || (m.Owners != "" && m.Owners != sandboxOwners) {
+				return nil, bad("version %d with owners %q", m.Version, m.Owners)
 			}
 			return &manifestReader{dec: dec, legacy: m.Version < 2}, nil
 		case "v":
@@ -222,6 +248,8 @@ func readHeader(r io.Reader, m *Manifest) (*manifestReader, error) {
 			dst = &m.SHA256
 		case "keep_until":
 			dst = &m.KeepUntil
+		case "owners":
+			dst = &m.Owners
 		default:
 			dst = new(json.RawMessage)
 		}

@@ -45,6 +45,9 @@ func (s *Store) Restore(ctx context.Context, key, dir string) (*Manifest, error)
 // RestoreInto recreates the tree of the manifest at key in dir, an empty
 // directory the caller made (one with a disk quota, which a sibling made
 // here would lack). dir takes the mode, owner and time of the tree's root.
+// The owners of a manifest saved from an archive are translated to the
+// host ids given to MapIDs; its directories keep the time of the restore
+// (an archive has none for them).
 // On an error dir is left with what was written so far, for the caller to
 // remove.
 func (s *Store) RestoreInto(ctx context.Context, key, dir string) (*Manifest, error) {
@@ -93,12 +96,18 @@ type openDir struct {
 	fd   int
 	path string
 	e    Entry
+	// untimed is a directory of an archive-saved manifest, which has no
+	// time to set.
+	untimed bool
 }
 
 // build writes the tree of o into root, which exists and is empty. It
 // works relative to open directories, never by path, so no path is ever
 // longer than a name, and holds one descriptor per level.
 func (s *Store) build(ctx context.Context, o *opened, root string) error {
+	if o.sandbox && s.ids == nil {
+		return noIDs("a manifest saved from an archive")
+	}
 	var stack []openDir
 	defer func() {
 		for _, d := range stack {
@@ -113,6 +122,9 @@ func (s *Store) build(ctx context.Context, o *opened, root string) error {
 		defer unix.Close(d.fd)
 		if err := unix.Fchmod(d.fd, d.e.Mode); err != nil {
 			return fmt.Errorf("%s: %w", d.path, err)
+		}
+		if d.untimed {
+			return nil
 		}
 		ts := []unix.Timespec{unix.NsecToTimespec(d.e.MTime), unix.NsecToTimespec(d.e.MTime)}
 		if err := unix.UtimesNanoAt(d.fd, ".", ts, 0); err != nil {
@@ -133,12 +145,16 @@ func (s *Store) build(ctx context.Context, o *opened, root string) error {
 		if err != nil {
 			return err
 		}
+		if o.sandbox {
+			id := s.ids.hostID(e.UID)
+			e.UID, e.GID = id.UID, id.GID
+		}
 		if e.Path == "." {
 			fd, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 			if err != nil {
 				return err
 			}
-			stack = append(stack, openDir{fd: fd, path: ".", e: e})
+			stack = append(stack, openDir{fd: fd, path: ".", e: e, untimed: o.sandbox})
 			if err := unix.Fchown(fd, e.UID, e.GID); err != nil {
 				return err
 			}
@@ -150,7 +166,7 @@ func (s *Store) build(ctx context.Context, o *opened, root string) error {
 				return err
 			}
 		}
-		if err := s.create(ctx, stack[len(stack)-1].fd, o.area, &e, buf, &stack); err != nil {
+		if err := s.create(ctx, stack[len(stack)-1].fd, o, &e, buf, &stack); err != nil {
 			return fmt.Errorf("%s: %w", e.Path, err)
 		}
 	}
@@ -164,7 +180,7 @@ func (s *Store) build(ctx context.Context, o *opened, root string) error {
 
 // create makes one entry in the directory open at dirfd; a directory is
 // pushed on the stack.
-func (s *Store) create(ctx context.Context, dirfd int, area string, e *Entry, buf []byte, stack *[]openDir) error {
+func (s *Store) create(ctx context.Context, dirfd int, o *opened, e *Entry, buf []byte, stack *[]openDir) error {
 	name := path.Base(e.Path)
 	ts := []unix.Timespec{unix.NsecToTimespec(e.MTime), unix.NsecToTimespec(e.MTime)}
 	switch e.Type {
@@ -176,7 +192,7 @@ func (s *Store) create(ctx context.Context, dirfd int, area string, e *Entry, bu
 		if err != nil {
 			return err
 		}
-		*stack = append(*stack, openDir{fd: fd, path: e.Path, e: *e})
+		*stack = append(*stack, openDir{fd: fd, path: e.Path, e: *e, untimed: o.sandbox})
 		return unix.Fchown(fd, e.UID, e.GID)
 	case "symlink":
 		if err := unix.Symlinkat(e.Target, dirfd, name); err != nil {
@@ -193,7 +209,7 @@ func (s *Store) create(ctx context.Context, dirfd int, area string, e *Entry, bu
 		}
 		f := os.NewFile(uintptr(fd), e.Path)
 		defer f.Close()
-		if err := s.writeFile(ctx, f, area, e, buf); err != nil {
+		if err := s.writeFile(ctx, f, o.area, e, buf); err != nil {
 			return err
 		}
 		// The mode after the chown. No file comes back setuid or setgid:
@@ -226,20 +242,9 @@ func (s *Store) writeFile(ctx context.Context, f *os.File, area string, e *Entry
 			off += z * ChunkSize // the checker bounded the sum
 			continue
 		}
-		r, err := s.blobs.Open(ctx, chunkKey(area, sum))
+		n, err := s.readChunk(ctx, area, sum, min(e.Size-off, ChunkSize), buf)
 		if err != nil {
-			return fmt.Errorf("chunk %s: %w", sum, err)
-		}
-		n, err := io.ReadFull(r, buf)
-		r.Close()
-		if err != nil && err != io.ErrUnexpectedEOF {
-			return fmt.Errorf("chunk %s: %w", sum, err)
-		}
-		if h := sha256.Sum256(buf[:n]); hex.EncodeToString(h[:]) != sum {
-			return fmt.Errorf("chunk %s is corrupt: its content hashes otherwise", sum)
-		}
-		if want := min(e.Size-off, ChunkSize); int64(n) != want {
-			return fmt.Errorf("chunk %s has %d bytes, want %d", sum, n, want)
+			return err
 		}
 		if _, err := f.WriteAt(buf[:n], off); err != nil {
 			return err
@@ -247,4 +252,25 @@ func (s *Store) writeFile(ctx context.Context, f *os.File, area string, e *Entry
 		off += int64(n)
 	}
 	return f.Truncate(e.Size)
+}
+
+// readChunk reads the chunk sum of area into buf and checks it: its hash,
+// and its size, want.
+func (s *Store) readChunk(ctx context.Context, area, sum string, want int64, buf []byte) (int, error) {
+	r, err := s.blobs.Open(ctx, chunkKey(area, sum))
+	if err != nil {
+		return 0, fmt.Errorf("chunk %s: %w", sum, err)
+	}
+	n, err := io.ReadFull(r, buf)
+	r.Close()
+	if err != nil && err != io.ErrUnexpectedEOF {
+		return 0, fmt.Errorf("chunk %s: %w", sum, err)
+	}
+	if h := sha256.Sum256(buf[:n]); hex.EncodeToString(h[:]) != sum {
+		return 0, fmt.Errorf("chunk %s is corrupt: its content hashes otherwise", sum)
+	}
+	if int64(n) != want {
+		return 0, fmt.Errorf("chunk %s has %d bytes, want %d", sum, n, want)
+	}
+	return n, nil
 }

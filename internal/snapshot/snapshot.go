@@ -120,6 +120,59 @@ type Store struct {
 	// PutObject relies on: one it found present and so did not write, or
 	// one its manifest names while the manifest goes.
 	gc Fence
+	// ids are the host ids of the sandbox's root and user, to translate
+	// the owners of a manifest of one kind for a tree of the other;
+	// nil until MapIDs.
+	ids *IDs
+}
+
+// ID is a host uid and gid.
+type ID struct{ UID, GID int }
+
+// IDs are the host ids of the two users inside a sandbox (what
+// workspace.Owners holds). A manifest saved from a host directory (Save)
+// has host ids, one saved from a workspace archive (SaveArchive) the
+// sandbox's (0 for its root, 1000 for its user); Restore, RestoreInto and
+// WriteArchive translate between the two with them. An id that is
+// neither of the two is the user's: that is who the sandbox runs code as.
+type IDs struct {
+	Root ID // root inside the sandbox (100000, say)
+	User ID // the user code runs as (101000, say)
+}
+
+// MapIDs gives the Store the host ids of the sandbox's root and user.
+// Without them, restoring an archive-saved manifest onto the host and
+// writing a directory-saved one as an archive fail with
+// errdefs.ErrFailedPrecondition rather than guess. Call it before any
+// other method.
+func (s *Store) MapIDs(ids IDs) { s.ids = &ids }
+
+// The sandbox's ids, which archives and version 3 manifests carry.
+const (
+	sandboxRootID = 0
+	sandboxUserID = 1000
+)
+
+// hostID is the host owner of an entry of a version 3 manifest.
+func (ids *IDs) hostID(uid int) ID {
+	if uid == sandboxRootID {
+		return ids.Root
+	}
+	return ids.User
+}
+
+// sandboxID is the sandbox's id of a host owner (as workspace.Export
+// gives it).
+func (ids *IDs) sandboxID(uid int) int {
+	if uid == ids.Root.UID && ids.Root != ids.User {
+		return sandboxRootID
+	}
+	return sandboxUserID
+}
+
+// noIDs is the error of a translation the Store has no ids for.
+func noIDs(what string) error {
+	return fmt.Errorf("%s: the store has no sandbox ids to map owners with: %w", what, errdefs.ErrFailedPrecondition)
 }
 
 // Fence keeps Collect (Lock) apart from the Saves, Restores and object
@@ -201,6 +254,13 @@ func exhausted(format string, args ...any) error {
 // Save snapshots dir under key. prev, if not nil, is an earlier manifest
 // of the same directory whose hashes are reused for unchanged files.
 func (s *Store) Save(ctx context.Context, dir, key string, prev *Manifest) (*Manifest, Stats, error) {
+	return s.saving(ctx, key, func(ctx context.Context, st *Stats) (*Manifest, error) {
+		return s.save(ctx, dir, key, prev, st)
+	})
+}
+
+// saving runs save under a Save's key check, time limit and fence.
+func (s *Store) saving(ctx context.Context, key string, save func(context.Context, *Stats) (*Manifest, error)) (*Manifest, Stats, error) {
 	var st Stats
 	if !blob.ValidKey(s.manifestKey(key)) {
 		return nil, st, fmt.Errorf("snapshot key %q: %w", key, errdefs.ErrInvalidArgument)
@@ -212,7 +272,7 @@ func (s *Store) Save(ctx context.Context, dir, key string, prev *Manifest) (*Man
 		return nil, st, err
 	}
 	defer s.gc.RUnlock()
-	m, err := s.save(ctx, dir, key, prev, &st)
+	m, err := save(ctx, &st)
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil && ctx.Err() == context.DeadlineExceeded {
 			err = cause
@@ -521,18 +581,23 @@ var zeroChunk = make([]byte, ChunkSize)
 func (w *saver) put(b []byte) (string, error) {
 	h := sha256.Sum256(b)
 	sum := hex.EncodeToString(h[:])
+	return sum, w.store(sum, b)
+}
+
+// store stores the chunk b, whose hash is sum, unless the store has it.
+func (w *saver) store(sum string, b []byte) error {
 	key := chunkKey(w.area, sum)
 	if _, err := w.s.blobs.Stat(w.ctx, key); err == nil {
-		return sum, nil
+		return nil
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return "", err
+		return err
 	}
 	if _, err := w.s.blobs.Put(w.ctx, key, bytes.NewReader(b)); err != nil {
-		return "", err
+		return err
 	}
 	w.st.NewChunks++
 	w.st.NewBytes += int64(len(b))
-	return sum, nil
+	return nil
 }
 
 // readNames reads a directory's names, a batch at a time, charging them
@@ -580,6 +645,8 @@ type opened struct {
 	*manifestReader
 	check checker
 	area  string // where its chunks are
+	// sandbox is a version 3 manifest: its owners are the sandbox's ids.
+	sandbox bool
 }
 
 // next reads and checks the next entry; io.EOF after the last.
@@ -604,7 +671,8 @@ func (s *Store) openManifest(ctx context.Context, key string, m *Manifest) (*ope
 		r.Close()
 		return nil, fmt.Errorf("snapshot %q: %w", key, err)
 	}
-	return &opened{Reader: r, manifestReader: mr, check: checker{lim: s.lim, legacy: mr.legacy}, area: s.chunkArea(key, m.Version)}, nil
+	return &opened{Reader: r, manifestReader: mr, check: checker{lim: s.lim, legacy: mr.legacy}, area: s.chunkArea(key, m.Version),
+		sandbox: m.SandboxOwners()}, nil
 }
 
 func (s *Store) open(ctx context.Context, key string) (*opened, error) {

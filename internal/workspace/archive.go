@@ -19,7 +19,9 @@ import (
 
 // The archive of a workspace (Export, Import) is a tar stream (PAX) of its
 // directories, regular files and symbolic links, parents before children,
-// in path order. It is the same whichever implementation wrote it, so a
+// in path order (a directory's entries sorted by name right after it, the
+// order of a snapshot's manifest: internal/snapshot's SaveArchive refuses
+// any other). It is the same whichever implementation wrote it, so a
 // workspace exported on one node imports on another: owners are the
 // sandbox's own ids (0 for what its root owns, uploads/ and .resources/;
 // 1000 for the rest), never the host's; modes are permission bits only
@@ -56,7 +58,7 @@ const archiveArea area = "*"
 func (w *Local) Export(ctx context.Context, out io.Writer) error {
 	tw := tar.NewWriter(out)
 	x := exporter{ctx: ctx, w: w, tw: tw}
-	if err := w.walk(ctx, x.entry); err != nil {
+	if err := w.walkSorted(ctx, x.entry); err != nil {
 		return err
 	}
 	return tw.Close()

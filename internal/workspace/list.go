@@ -162,6 +162,44 @@ func (w *Local) readDir(dir string, fn func(fs.FileInfo) bool) (more bool, err e
 	}
 }
 
+// readDirSorted is readDir in name order. It holds the directory's names
+// (not their FileInfos) and refuses one of more than maxUsageEntries.
+func (w *Local) readDirSorted(dir string, fn func(fs.FileInfo) bool) (more bool, err error) {
+	f, err := w.root.OpenFile(dir, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return true, err
+	}
+	defer f.Close()
+	var names []string
+	for {
+		batch, err := f.Readdirnames(4096)
+		names = append(names, batch...)
+		if len(names) > maxUsageEntries {
+			return false, fmt.Errorf("a directory has more than %d entries: %w", maxUsageEntries, errdefs.ErrResourceExhausted)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return true, err
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		fi, err := w.root.Lstat(join(dir, name))
+		if err != nil {
+			if gone(err) {
+				continue // removed since it was listed
+			}
+			return true, err
+		}
+		if !fn(fi) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // gone reports whether err says a directory seen during a walk is not
 // there any more, or has been replaced by something not to walk into: the
 // sandbox changes the tree as it likes, and that is not an error.
@@ -224,11 +262,23 @@ func (w *Local) Usage(ctx context.Context) (bytes int64, files int, err error) {
 // directory that vanishes or changes type during the walk is skipped: the
 // sandbox changes the tree as it likes.
 func (w *Local) walk(ctx context.Context, fn func(p string, fi fs.FileInfo) error) error {
+	return w.walkIn(ctx, w.readDir, fn)
+}
+
+// walkSorted is walk with a directory's entries in name order (bytes),
+// so paths come in comparePaths order: a whole directory's names are
+// read at once (at most maxUsageEntries of them).
+func (w *Local) walkSorted(ctx context.Context, fn func(p string, fi fs.FileInfo) error) error {
+	return w.walkIn(ctx, w.readDirSorted, fn)
+}
+
+func (w *Local) walkIn(ctx context.Context, readDir func(string, func(fs.FileInfo) bool) (bool, error),
+	fn func(p string, fi fs.FileInfo) error) error {
 	entries := 0
 	var walkDir func(dir string) error
 	walkDir = func(dir string) error {
 		var walkErr error
-		_, err := w.readDir(dir, func(fi fs.FileInfo) bool {
+		_, err := readDir(dir, func(fi fs.FileInfo) bool {
 			if walkErr = ctx.Err(); walkErr != nil {
 				return false
 			}

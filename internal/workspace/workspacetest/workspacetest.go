@@ -50,6 +50,7 @@ func Run(t *testing.T, fresh func(t *testing.T) Subject) {
 		{"Resources", testResources},
 		{"Usage", testUsage},
 		{"ExportImport", testExportImport},
+		{"ExportOrder", testExportOrder},
 		{"HostileArchives", testHostileArchives},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, fresh) })
@@ -566,6 +567,41 @@ func testExportImport(t *testing.T, fresh func(*testing.T) Subject) {
 	if got := tree(t, c.W); got["deep/er/est/f"] == "" || got["link"] != want["link"] {
 		t.Errorf("re-imported tree: %v", got)
 	}
+}
+
+// testExportOrder: an archive lists a directory's entries by name, right
+// after the directory (the order of a snapshot's manifest, which a
+// snapshot saved from an archive depends on), whatever order the file
+// system lists them in.
+func testExportOrder(t *testing.T, fresh func(*testing.T) Subject) {
+	s := fresh(t)
+	ctx := ctxOf(t)
+	sandbox(t, s, "mkdir -p a/b a-b && for i in $(seq 100 160); do echo $i > f$i; echo $i > a/g$i; done && echo x > a/b/c && echo y > a-b/d && echo z > a.txt")
+	var buf bytes.Buffer
+	if err := s.W.Export(ctx, &buf); err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(&buf)
+	var last string
+	for n := 0; ; n++ {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := strings.TrimSuffix(h.Name, "/")
+		if n > 0 && !pathBefore(last, p) {
+			t.Fatalf("entry %d, %q, comes after %q", n, p, last)
+		}
+		last = p
+	}
+}
+
+// pathBefore orders paths component by component ("a", "a/b", "a-b").
+func pathBefore(a, b string) bool {
+	return slices.Compare(strings.Split(a, "/"), strings.Split(b, "/")) < 0
 }
 
 // testHostileArchives: an archive is input. None of these may write
