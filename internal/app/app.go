@@ -26,6 +26,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
@@ -456,9 +457,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		}
 	}
 	sampler.Start()
+	// Every front door's file call goes through the one file policy.
+	policy := files.New(files.Options{Sessions: mgr, Uploads: st, Log: log})
 	srv := server.New(server.Options{
 		Chat: chatLoop, Limits: limitsOf,
-		Store: st, Sessions: mgr, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
+		Store: st, Sessions: mgr, Files: policy, Executions: execs, Blobs: blobs, Objects: snaps, Templates: reg, Usage: sampler, Keys: cfg.Keys, SigningKey: key,
 		E2BTokenTTL: cfg.E2BTokenTTL, PresignMaxBytes: cfg.PresignMaxBytes, Metrics: metrics, MetricsToken: cfg.MetricsToken, Log: log, Version: cfg.Version, Edge: cfg.Edge,
 		Events: evlog, EventPoll: cfg.Events.Poll, Webhooks: hooks,
 		Ready: func() map[string]error {

@@ -26,6 +26,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/errdefs/errhttp"
 	"github.com/sbx-sandbox/sbx/internal/execution"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/usage"
 )
@@ -47,6 +48,8 @@ type Options struct {
 	Sessions   *session.Manager
 	Executions *execution.Service
 	Auth       Auth
+	// Files is the file policy every file call goes through.
+	Files *files.Service
 	// Usage answers getMetrics from the sandboxes' samples.
 	Usage *usage.Sampler
 	// SigningKey makes the sandboxes' access and traffic tokens.

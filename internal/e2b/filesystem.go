@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
-	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -51,12 +51,12 @@ func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
 
 // workspace opens the workspace of an in-sandbox call's session; the
 // caller closes it.
-func (h *Handler) workspace(r *http.Request) (*session.Session, *session.Files, error) {
+func (h *Handler) workspace(r *http.Request) (*files.Call, error) {
 	id, tenant, err := h.sandboxTenant(r)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return h.opt.Sessions.Workspace(r.Context(), tenant, id)
+	return h.opt.Files.Open(r.Context(), tenant, id)
 }
 
 // entryInfo is envd's filesystem.EntryInfo in proto3 JSON.
@@ -138,7 +138,7 @@ func (h *Handler) filesystem(w http.ResponseWriter, r *http.Request) {
 		h.unaryError(w, r, err)
 		return
 	}
-	_, ws, err := h.workspace(r)
+	ws, err := h.workspace(r)
 	if err != nil {
 		h.unaryError(w, r, err)
 		return
@@ -168,7 +168,7 @@ type entryResponse struct {
 	Entry entryInfo `json:"entry"`
 }
 
-func (h *Handler) entry(ctx context.Context, ws *session.Files, sp sandboxPath, rel string) (entryResponse, error) {
+func (h *Handler) entry(ctx context.Context, ws *files.Call, sp sandboxPath, rel string) (entryResponse, error) {
 	fi, err := ws.Stat(ctx, rel)
 	if err != nil {
 		return entryResponse{}, err
@@ -176,7 +176,7 @@ func (h *Handler) entry(ctx context.Context, ws *session.Files, sp sandboxPath, 
 	return entryResponse{h.newEntryInfo(sp, rel, fi)}, nil
 }
 
-func (h *Handler) stat(ctx context.Context, ws *session.Files, p string) (any, error) {
+func (h *Handler) stat(ctx context.Context, ws *files.Call, p string) (any, error) {
 	sp, err := resolve(p)
 	if err != nil {
 		return nil, err
@@ -187,7 +187,7 @@ func (h *Handler) stat(ctx context.Context, ws *session.Files, p string) (any, e
 // maxListed bounds a listing, as the main API's does.
 const maxListed = workspace.DefaultMaxEntries
 
-func (h *Handler) listDir(ctx context.Context, ws *session.Files, p string, depth uint32) (any, error) {
+func (h *Handler) listDir(ctx context.Context, ws *files.Call, p string, depth uint32) (any, error) {
 	sp, err := resolve(p)
 	if err != nil {
 		return nil, err
@@ -232,7 +232,7 @@ func (h *Handler) listDir(ctx context.Context, ws *session.Files, p string, dept
 }
 
 // writable resolves a path a call will write, move or remove. What may
-// change there is the session's file policy's to say (session.Files): the
+// change there is the session's file policy's to say (files.Call): the
 // same for every front door, and decided on the real file, not this text.
 func writable(p string) (sandboxPath, error) {
 	sp, err := resolve(p)
@@ -243,7 +243,7 @@ func writable(p string) (sandboxPath, error) {
 	return sp, err
 }
 
-func (h *Handler) makeDir(ctx context.Context, ws *session.Files, p string) (any, error) {
+func (h *Handler) makeDir(ctx context.Context, ws *files.Call, p string) (any, error) {
 	sp, err := writable(p)
 	if err != nil {
 		return nil, err
@@ -254,7 +254,7 @@ func (h *Handler) makeDir(ctx context.Context, ws *session.Files, p string) (any
 	return h.entry(ctx, ws, sp, sp.Rel)
 }
 
-func (h *Handler) remove(ctx context.Context, ws *session.Files, p string) (any, error) {
+func (h *Handler) remove(ctx context.Context, ws *files.Call, p string) (any, error) {
 	sp, err := writable(p)
 	if err != nil {
 		return nil, err
@@ -265,7 +265,7 @@ func (h *Handler) remove(ctx context.Context, ws *session.Files, p string) (any,
 	return struct{}{}, nil
 }
 
-func (h *Handler) move(ctx context.Context, ws *session.Files, from, to string) (any, error) {
+func (h *Handler) move(ctx context.Context, ws *files.Call, from, to string) (any, error) {
 	src, err := writable(from)
 	if err != nil {
 		return nil, err
@@ -287,7 +287,7 @@ func (h *Handler) readFile(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	_, ws, err := h.workspace(r)
+	ws, err := h.workspace(r)
 	if err != nil {
 		h.writeErr(w, r, err)
 		return
@@ -318,7 +318,7 @@ type writtenFile struct {
 // an upload record.
 func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 	query := r.URL.Query().Get("path")
-	_, ws, err := h.workspace(r)
+	ws, err := h.workspace(r)
 	if err != nil {
 		h.writeErr(w, r, err)
 		return
@@ -329,7 +329,7 @@ func (h *Handler) writeFiles(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return writtenFile{}, err
 		}
-		saved, err := ws.Write(r.Context(), session.FileWrite{Path: sp.Rel, MediaType: mediaType, Body: body})
+		saved, err := ws.Write(r.Context(), files.FileWrite{Path: sp.Rel, MediaType: mediaType, Body: body})
 		if err != nil {
 			return writtenFile{}, err
 		}

@@ -34,7 +34,7 @@ func (s *Server) newE2B() http.Handler {
 		}
 	}
 	return e2b.New(e2b.Options{
-		Sessions: s.opt.Sessions, Executions: s.opt.Executions, Usage: s.opt.Usage, Auth: auth,
+		Sessions: s.opt.Sessions, Executions: s.opt.Executions, Files: s.opt.Files, Usage: s.opt.Usage, Auth: auth,
 		SigningKey: s.opt.SigningKey, TokenTTL: s.opt.E2BTokenTTL, Authenticated: setLogTenant, Log: s.log,
 		OpenStream: func(tenant string) (func(), error) { return s.openStream(tenant, e2bStreams) },
 	})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -34,12 +35,12 @@ type uploadFields struct {
 
 // upload: POST /sessions/{id}/files/upload. Each file part is
 // streamed to disk (never whole in memory) through the session's file
-// policy (session.Files.Write: size, type and count limits, the upload
+// policy (files.Call.Write: size, type and count limits, the upload
 // record); if any file fails, the files this request already stored are
 // removed again, so a request stores all of its files or none.
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	sess, ws, err := s.opt.Sessions.Workspace(ctx, tenant(r), r.PathValue("session_id"))
+	ws, err := s.opt.Files.Open(ctx, tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -64,7 +65,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 		}
 		s.writeError(w, r, err)
 	}
-	limit := sess.Config.Upload.MaxFileCount
+	limit := ws.Session().Config.Upload.MaxFileCount
 	for {
 		part, err := mr.NextPart()
 		if err == io.EOF {
@@ -144,7 +145,7 @@ func (f *uploadFields) set(part *multipart.Part, afterFiles bool) error {
 }
 
 // saveFile streams one file part to its place in the workspace.
-func (s *Server) saveFile(ctx context.Context, ws *session.Files, f uploadFields, part *multipart.Part, index int) (*api.UploadedFile, error) {
+func (s *Server) saveFile(ctx context.Context, ws *files.Call, f uploadFields, part *multipart.Part, index int) (*api.UploadedFile, error) {
 	name := path.Base(strings.ReplaceAll(part.FileName(), "\\", "/"))
 	if _, err := workspace.CleanPath(name); err != nil || name == "." || name == "/" {
 		return nil, fmt.Errorf("upload: file name %q is not usable: %w", part.FileName(), errdefs.ErrInvalidArgument)
@@ -169,7 +170,7 @@ func (s *Server) saveFile(ctx context.Context, ws *session.Files, f uploadFields
 			rel = p
 		}
 	}
-	info, err := ws.Write(ctx, session.FileWrite{
+	info, err := ws.Write(ctx, files.FileWrite{
 		Path: rel, ConversationID: f.conversation, MediaType: part.Header.Get("Content-Type"), Body: part,
 	})
 	if err != nil {
@@ -215,7 +216,7 @@ func (s *Server) listFiles(w http.ResponseWriter, r *http.Request) {
 	case cid != "":
 		rel = path.Join(workspace.ConversationDir(cid), rel)
 	}
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	ws, err := s.opt.Files.Open(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -250,7 +251,7 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	ws, err := s.opt.Files.Open(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -286,7 +287,7 @@ func (s *Server) deleteFile(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	ws, err := s.opt.Files.Open(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -318,7 +319,7 @@ func (s *Server) deleteConversation(w http.ResponseWriter, r *http.Request) {
 // purgeConversation removes a conversation's temp area and stateful
 // contexts from a session.
 func (s *Server) purgeConversation(ctx context.Context, t, sid, cid string) error {
-	_, ws, err := s.opt.Sessions.Workspace(ctx, t, sid)
+	ws, err := s.opt.Files.Open(ctx, t, sid)
 	if err != nil {
 		return err
 	}

@@ -104,7 +104,7 @@ func (s *Server) syncResources(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx, t, sid := r.Context(), tenant(r), r.PathValue("session_id")
-	_, ws, err := s.opt.Sessions.Workspace(ctx, t, sid)
+	ws, err := s.opt.Files.Open(ctx, t, sid)
 	if err != nil {
 		s.writeError(w, r, err)
 		return
@@ -146,7 +146,7 @@ func nonNil(s []string) []string {
 
 // listResources: GET /sessions/{id}/resources.
 func (s *Server) listResources(w http.ResponseWriter, r *http.Request) {
-	_, ws, err := s.opt.Sessions.Workspace(r.Context(), tenant(r), r.PathValue("session_id"))
+	ws, err := s.opt.Files.Open(r.Context(), tenant(r), r.PathValue("session_id"))
 	if err != nil {
 		s.writeError(w, r, err)
 		return

@@ -23,6 +23,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/e2b"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/store"
@@ -37,6 +38,9 @@ type Options struct {
 	Sessions   *session.Manager
 	Executions *execution.Service
 	Blobs      blob.Store
+	// Files is the file policy every front door's file call goes
+	// through: REST, the tools (and so MCP and chat), E2B.
+	Files *files.Service
 	// Objects keeps the content of session resources and the
 	// copies behind presigned URLs: objects in the tenants' chunk
 	// areas of the snapshot store, which its one collector frees.

@@ -17,6 +17,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/mcp"
 	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -305,12 +306,12 @@ func (s *Server) toolUpload(raw json.RawMessage) (toolCall, error) {
 		if err != nil {
 			return toolError(err)
 		}
-		_, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		ws, err := s.opt.Files.Open(ctx, tenantOf(ctx), sid)
 		if err != nil {
 			return nil, err
 		}
 		defer ws.Close()
-		saved, err := ws.Write(ctx, session.FileWrite{Path: rel, Body: bytes.NewReader(content)})
+		saved, err := ws.Write(ctx, files.FileWrite{Path: rel, Body: bytes.NewReader(content)})
 		if err != nil {
 			return toolError(err)
 		}
@@ -348,7 +349,7 @@ func (s *Server) toolList(conversationID string, raw json.RawMessage) (toolCall,
 		if err != nil {
 			return toolError(err)
 		}
-		_, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		ws, err := s.opt.Files.Open(ctx, tenantOf(ctx), sid)
 		if err != nil {
 			return nil, err
 		}
@@ -410,7 +411,7 @@ func (s *Server) toolRead(conversationID string, raw json.RawMessage) (toolCall,
 		if err != nil {
 			return toolError(err)
 		}
-		_, ws, err := s.opt.Sessions.Workspace(ctx, tenantOf(ctx), sid)
+		ws, err := s.opt.Files.Open(ctx, tenantOf(ctx), sid)
 		if err != nil {
 			return nil, err
 		}

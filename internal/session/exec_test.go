@@ -111,12 +111,12 @@ func runIn(t *testing.T, m *session.Manager, id, ctxID, code string) (*wire.Resu
 // readFile reads a workspace file through the file API.
 func readFile(t *testing.T, m *session.Manager, id, rel string) string {
 	t.Helper()
-	_, files, err := m.Workspace(context.Background(), "t", id)
+	call, err := m.OpenFiles(context.Background(), "t", id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer files.Close()
-	f, err := files.Open(context.Background(), rel)
+	defer call.Close()
+	f, err := call.Workspace.Open(context.Background(), rel)
 	if err != nil {
 		t.Fatalf("open %s: %v", rel, err)
 	}
@@ -164,17 +164,17 @@ func TestRunSeesFileAPI(t *testing.T) {
 		t.Errorf("session: %+v %v, want running in %s", sess, err, sbID)
 	}
 
-	_, files, err := m.Workspace(ctx, "t", "s")
+	call, err := m.OpenFiles(ctx, "t", "s")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := files.Write(ctx, session.FileWrite{Path: "data/in.csv", Body: strings.NewReader("a,b\n1,2\n")}); err != nil {
+	if _, err := call.Workspace.Save(ctx, "data/in.csv", strings.NewReader("a,b\n1,2\n"), 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := files.Write(ctx, session.FileWrite{Path: "note.txt", ConversationID: "c1", Body: strings.NewReader("conversation upload")}); err != nil {
+	if _, err := call.Workspace.SaveUpload(ctx, "c1", "note.txt", strings.NewReader("conversation upload"), 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	files.Close()
+	call.Close()
 	res, _ := run(t, m, "s", `
 import os
 rows = open('data/in.csv').read().splitlines()

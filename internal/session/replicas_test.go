@@ -287,7 +287,7 @@ func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	a, b := twoReplicas(t, rt)
 	ctx := context.Background()
 	withSandbox(t, a, rt, "s")
-	_, f, err := b.Workspace(ctx, "t", "s")
+	f, err := b.OpenFiles(ctx, "t", "s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +305,7 @@ func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	if _, err := a.Hibernate(ctx, "t", "s"); err != nil {
 		t.Fatalf("hibernate after the file call: %v", err)
 	}
-	_, f, err = b.Workspace(ctx, "t", "s")
+	f, err = b.OpenFiles(ctx, "t", "s")
 	if err != nil {
 		t.Fatal(err)
 	}

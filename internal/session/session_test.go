@@ -112,7 +112,7 @@ func TestLifecycleWithoutSandbox(t *testing.T) {
 	if s.DueAt.IsZero() || !s.DueAt.Equal(s.LastActivityAt.Add(DefaultHibernateTimeout)) {
 		t.Errorf("a session without a sandbox is due at %v, want its hibernate timeout after %v", s.DueAt, s.LastActivityAt)
 	}
-	_, f, err := m.Workspace(ctx, "t", "s")
+	f, err := m.OpenFiles(ctx, "t", "s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -129,9 +129,9 @@ func TestLifecycleWithoutSandbox(t *testing.T) {
 	if _, err := m.Pause(ctx, "t", "s"); !errors.As(err, new(*TransitionError)) {
 		t.Errorf("pause of a hibernated session: %v, want a TransitionError", err)
 	}
-	s, f, err = m.Workspace(ctx, "t", "s")
-	if err != nil || s.Status != api.StatusRunning {
-		t.Fatalf("file call on a hibernated session: %+v %v", s, err)
+	f, err = m.OpenFiles(ctx, "t", "s")
+	if err != nil || f.Session.Status != api.StatusRunning {
+		t.Fatalf("file call on a hibernated session: %+v %v", f, err)
 	}
 	b, err := os.ReadFile(filepath.Join(m.opt.WorkspaceDir, "t", "s", "kept.txt"))
 	f.Close()
