@@ -363,6 +363,9 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	// reaper's, on the leader): snapshots, hibernated workspaces, resource
 	// content and presigned copies.
 	snaps := snapshot.New(blobs, "snapshots", cfg.Snapshots)
+	// Archive-saved manifests (a workspace streamed from its sandbox) carry
+	// the sandbox's ids; these are the host's for them.
+	snaps.MapIDs(snapshot.IDs{Root: snapshot.ID(owners.Root), User: snapshot.ID(owners.User)})
 	if !local {
 		// Replicas save, restore and put objects while the leader
 		// collects: a fence in the store keeps the two apart.
