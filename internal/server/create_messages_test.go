@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 )
@@ -40,6 +41,45 @@ func TestCreateValidationMessages(t *testing.T) {
 		var e api.Error
 		if err := json.Unmarshal(b, &e); err != nil || resp.StatusCode != 400 || e.Error.Code != "invalid_argument" || e.Error.Message != c.want+": invalid argument" {
 			t.Errorf("%s: %d %s\nwant 400 saying %s", c.body, resp.StatusCode, b, c.want)
+		}
+	}
+}
+
+// TestCreateUploadSizeOverflow is the attack on the 10 GB bound of
+// file_upload_config: 2^33 GB is 2^63 bytes, which wrapped to a negative
+// limit that passed it when the size was multiplied by its unit first.
+func TestCreateUploadSizeOverflow(t *testing.T) {
+	ts := start(t)
+	for _, body := range []string{
+		`{"session_id":"gb","file_upload_config":{"max_file_size":8589934592,"max_file_size_unit":"GB"}}`,
+		`{"session_id":"kb","file_upload_config":{"max_file_size":18014398509481984,"max_file_size_unit":"KB"}}`,
+		`{"session_id":"mb","file_upload_config":{"max_file_size":9223372036854775807}}`,
+	} {
+		resp, b := ts.do(t, "POST", "/api/v1/sessions", "application/json", strings.NewReader(body))
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "is more than 10 GB") {
+			t.Errorf("%s: %d %s, want 400: more than 10 GB", body, resp.StatusCode, b)
+		}
+	}
+}
+
+// TestE2BCreateNamesItsFields: an E2B client reads E2B's names for the
+// fields it sent (envVars, templateID), not REST's (env_vars,
+// template_id), whose request E2B's create used to build.
+func TestE2BCreateNamesItsFields(t *testing.T) {
+	s := openE2BServer(t, t.TempDir(), time.Hour, "e2b_names_key_0001:t")
+	defer s.app.Close()
+	for body, want := range map[string]string{
+		`{"envVars":{"A=B":"c"}}`:      `envVars: "A=B" is not a variable name ([A-Za-z_][A-Za-z0-9_]*): invalid argument`,
+		`{"templateID":"Not/A/Name"}`:  `templateID "Not/A/Name" is not a template name ([a-z0-9-], at most 63 characters): invalid argument`,
+		`{"metadata":{"a b":"c"}}`:     `metadata: key "a b": want 1-64 characters of [A-Za-z0-9._-]: invalid argument`,
+		`{"envVars":{"A":"b\u0000c"}}`: `envVars: the value of A contains NUL: invalid argument`,
+	} {
+		code, resp, _ := s.call("POST", "/sandboxes", []byte(body), "X-API-Key", "e2b_names_key_0001", "Content-Type", "application/json")
+		var e struct {
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal([]byte(resp), &e); err != nil || code != 400 || e.Message != want {
+			t.Errorf("%s: %d %s\nwant 400 saying %s", body, code, resp, want)
 		}
 	}
 }
