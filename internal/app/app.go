@@ -377,10 +377,15 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if !local {
 		registryAlive = isAlive
 	}
+	// The session maximum is configured as the API writes resources; the
+	// session and the registry hold it to the built-in maxima.
+	sessionMax := session.Resources{CPU: cfg.MaxResources.CPU, MemoryMB: cfg.MaxResources.Memory, DiskMB: cfg.MaxResources.Disk}
+	c := session.CapResources(sessionMax)
+	capped := api.Resources{CPU: c.CPU, Memory: c.MemoryMB, Disk: c.DiskMB}
 	reg := registry.New(registry.Config{
 		Templates: templates, Store: st, Replica: replica, Alive: registryAlive,
 		Builds: cfg.TemplateBuilds, LogDir: filepath.Join(cfg.DataDir, "template-logs"), Log: log,
-		MaxResources: session.CapResources(cfg.MaxResources),
+		MaxResources: capped,
 	})
 	limitsOf := func(tenant string) session.Limits {
 		if l, ok := cfg.TenantLimits[tenant]; ok {
@@ -401,7 +406,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		Alive:          isAlive,
 		Leader:         leader.held,
 		Limits:         limitsOf,
-		MaxResources:   cfg.MaxResources,
+		MaxResources:   sessionMax,
 		DiskCapacityMB: diskCapacityMB,
 		Publish:        publish,
 		Events: func(ev string) {

@@ -69,6 +69,52 @@ type createRequest struct {
 	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
 }
 
+// e2bFields names session.CreateRequest's fields as E2B's create body
+// does, for the domain's errors.
+var e2bFields = map[string]string{
+	"Template": "templateID", "TTL": "timeout", "Env": "envVars", "Metadata": "metadata",
+}
+
+// session translates E2B's create body into the domain's request, and
+// refuses what sbx cannot honour: a new session, with an E2B-like id,
+// whose sandbox starts at once.
+func (req *createRequest) session() (session.CreateRequest, error) {
+	switch {
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
+		return session.CreateRequest{}, invalid("allow_internet_access: sbx sandboxes have no network (loopback only)")
+	case len(req.MCP) > 0 && string(req.MCP) != "null":
+		return session.CreateRequest{}, invalid("mcp: the MCP gateway is not supported by sbx")
+	case len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null":
+		return session.CreateRequest{}, invalid("volumeMounts: volumes are not supported by sbx")
+	case req.AutoPause != nil && *req.AutoPause:
+		return session.CreateRequest{}, invalid("autoPause: sbx terminates a session at its timeout (it pauses idle sandboxes on its own, see docs/e2b.md)")
+	}
+	timeout, err := seconds(req.Timeout, defaultTimeout)
+	if err != nil {
+		return session.CreateRequest{}, err
+	}
+	name := req.TemplateID
+	if name == "" {
+		name = "base"
+	}
+	tmpl, ok := templates[name]
+	if !ok {
+		tmpl = name
+	}
+	if _, hidden := req.Metadata[metaTemplate]; hidden {
+		return session.CreateRequest{}, invalid("metadata: the key %q is sbx's own", metaTemplate)
+	}
+	meta := maps.Clone(req.Metadata)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	meta[metaTemplate] = name
+	return session.CreateRequest{
+		ID: newSandboxID(), Template: tmpl, TTL: time.Duration(timeout) * time.Second, WarmUp: true,
+		Env: req.EnvVars, Metadata: meta,
+	}, nil
+}
+
 // sandboxJSON is E2B's Sandbox / SandboxDetail / ListedSandbox in one:
 // the SDKs read the fields they know.
 type sandboxJSON struct {
@@ -139,48 +185,14 @@ func (h *Handler) createSandbox(w http.ResponseWriter, r *http.Request) {
 		h.writeErr(w, r, err)
 		return
 	}
-	switch {
-	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
-		err = invalid("allow_internet_access: sbx sandboxes have no network (loopback only)")
-	case len(req.MCP) > 0 && string(req.MCP) != "null":
-		err = invalid("mcp: the MCP gateway is not supported by sbx")
-	case len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null":
-		err = invalid("volumeMounts: volumes are not supported by sbx")
-	case req.AutoPause != nil && *req.AutoPause:
-		err = invalid("autoPause: sbx terminates a session at its timeout (it pauses idle sandboxes on its own, see docs/e2b.md)")
-	}
+	sreq, err := req.session()
 	if err != nil {
 		h.writeErr(w, r, err)
 		return
 	}
-	timeout, err := seconds(req.Timeout, defaultTimeout)
+	sess, _, err := h.opt.Sessions.Create(r.Context(), tenant, sreq)
 	if err != nil {
-		h.writeErr(w, r, err)
-		return
-	}
-	name := req.TemplateID
-	if name == "" {
-		name = "base"
-	}
-	tmpl, ok := templates[name]
-	if !ok {
-		tmpl = name
-	}
-	if _, hidden := req.Metadata[metaTemplate]; hidden {
-		h.writeErr(w, r, invalid("metadata: the key %q is sbx's own", metaTemplate))
-		return
-	}
-	meta := maps.Clone(req.Metadata)
-	if meta == nil {
-		meta = map[string]string{}
-	}
-	meta[metaTemplate] = name
-	sess, _, err := h.opt.Sessions.Create(r.Context(), tenant, api.CreateSessionRequest{
-		SessionID: newSandboxID(), TemplateID: tmpl, Timeout: timeout, WarmUp: true,
-		EnvVars: req.EnvVars, Metadata: meta,
-	})
-	if err != nil {
-		h.writeErr(w, r, err)
+		h.writeErr(w, r, session.RenameField(err, e2bFields))
 		return
 	}
 	writeJSON(w, http.StatusCreated, h.sandboxJSON(r.Context(), c, sess, false))
@@ -233,15 +245,15 @@ func (h *Handler) sandboxJSON(ctx context.Context, c caller, s *session.Session,
 		}
 		disk = spec.Resources.DiskMB
 	}
-	if c := s.Config.Resources; c.CPU > 0 || c.Memory > 0 || c.Disk > 0 {
+	if c := s.Config.Resources; c.CPU > 0 || c.MemoryMB > 0 || c.DiskMB > 0 {
 		if c.CPU > 0 {
 			cpu = int(math.Ceil(c.CPU))
 		}
-		if c.Memory > 0 {
-			mem = c.Memory
+		if c.MemoryMB > 0 {
+			mem = c.MemoryMB
 		}
-		if c.Disk > 0 {
-			disk = c.Disk
+		if c.DiskMB > 0 {
+			disk = c.DiskMB
 		}
 	}
 	out.CPUCount, out.MemoryMB, out.DiskSizeMB = &cpu, &mem, &disk

@@ -110,7 +110,7 @@ func newHarness(t *testing.T, configure ...func(*Options)) *harness {
 // session creates a session of tenant t.
 func (h *harness) session(t *testing.T, id string) {
 	t.Helper()
-	if _, _, err := h.m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+	if _, _, err := h.m.Create(context.Background(), "t", session.CreateRequest{ID: id}); err != nil {
 		t.Fatal(err)
 	}
 }

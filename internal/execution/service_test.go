@@ -14,6 +14,7 @@ import (
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/session"
 	"github.com/sbx-sandbox/sbx/internal/store"
 )
 
@@ -207,7 +208,7 @@ func TestBadRequest(t *testing.T) {
 	for i := range 600 {
 		sessionEnv[fmt.Sprint("S", i)], requestEnv[fmt.Sprint("R", i)] = "v", "v"
 	}
-	if _, _, err := h.m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "env", EnvVars: sessionEnv}); err != nil {
+	if _, _, err := h.m.Create(ctx, "t", session.CreateRequest{ID: "env", Env: sessionEnv}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := h.svc.Submit(ctx, "t", "env", api.ExecuteRequest{Code: "1", EnvVars: requestEnv}); !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -495,7 +496,7 @@ func TestSessionDeleted(t *testing.T) {
 // win.
 func TestSessionEnv(t *testing.T) {
 	h := newHarness(t)
-	if _, _, err := h.m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: "s", EnvVars: map[string]string{"A": "session", "B": "session"}}); err != nil {
+	if _, _, err := h.m.Create(context.Background(), "t", session.CreateRequest{ID: "s", Env: map[string]string{"A": "session", "B": "session"}}); err != nil {
 		t.Fatal(err)
 	}
 	r := h.submit(t, "s", api.ExecuteRequest{Code: "import os\nreturn os.environ['A'] + ' ' + os.environ['B']", EnvVars: map[string]string{"B": "request"}})

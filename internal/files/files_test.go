@@ -12,7 +12,6 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -75,7 +74,7 @@ func (u *failingUploads) PutUpload(ctx context.Context, up *store.Upload) error 
 	return u.Uploads.PutUpload(ctx, up)
 }
 
-func newHarness(t *testing.T, upload api.FileUploadConfig) *harness {
+func newHarness(t *testing.T, upload session.UploadConfig) *harness {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := sqlite.Open(context.Background(), filepath.Join(dir, "sbx.db"))
@@ -153,7 +152,7 @@ func (h *harness) exists(rel string) bool {
 // leaves no record behind.
 func TestMaxFileCountUnderConcurrency(t *testing.T) {
 	const limit = 3
-	h := newHarness(t, api.FileUploadConfig{MaxFileCount: limit})
+	h := newHarness(t, session.UploadConfig{MaxFileCount: limit})
 	ctx := context.Background()
 	write := func(p string) error {
 		c, err := h.svc.Open(ctx, "t", "s")
@@ -222,7 +221,7 @@ func TestMaxFileCountUnderConcurrency(t *testing.T) {
 // hostile conversation id, stores nothing and records nothing, and each
 // refusal carries the category its edge maps.
 func TestWriteRefusals(t *testing.T) {
-	h := newHarness(t, api.FileUploadConfig{MaxFileCount: 10, MaxFileSize: 1, MaxFileSizeUnit: "KB", AllowedFileTypes: []string{"csv", "image/*"}})
+	h := newHarness(t, session.UploadConfig{MaxFileCount: 10, MaxFileSize: 1, MaxFileSizeUnit: "KB", AllowedFileTypes: []string{"csv", "image/*"}})
 	for _, c := range []struct {
 		name string
 		w    files.FileWrite
@@ -265,7 +264,7 @@ func TestWriteRefusals(t *testing.T) {
 // slot it held go, so an outage of the store cannot be used to store
 // files past max_file_count.
 func TestWriteUndoneWhenRecordFails(t *testing.T) {
-	h := newHarness(t, api.FileUploadConfig{MaxFileCount: 1})
+	h := newHarness(t, session.UploadConfig{MaxFileCount: 1})
 	h.uploads.fail.Store(true)
 	if err := h.write(t, files.FileWrite{Path: "a.txt", Body: strings.NewReader("x")}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("write while the store fails: %v", err)
@@ -287,7 +286,7 @@ func TestWriteUndoneWhenRecordFails(t *testing.T) {
 // the records at and below its path even when sandboxed code removed the
 // files first, or the slots would never come back.
 func TestMoveAndRemoveKeepRecords(t *testing.T) {
-	h := newHarness(t, api.FileUploadConfig{MaxFileCount: 3})
+	h := newHarness(t, session.UploadConfig{MaxFileCount: 3})
 	ctx := context.Background()
 	for _, p := range []string{"d/a.txt", "d/b.txt", "c.txt"} {
 		if err := h.write(t, files.FileWrite{Path: p, Body: strings.NewReader(p)}); err != nil {
@@ -327,7 +326,7 @@ func TestMoveAndRemoveKeepRecords(t *testing.T) {
 // session's, and go with RemoveConversation, records and all; another
 // conversation's stay.
 func TestConversationUploads(t *testing.T) {
-	h := newHarness(t, api.FileUploadConfig{MaxFileCount: 2})
+	h := newHarness(t, session.UploadConfig{MaxFileCount: 2})
 	ctx := context.Background()
 	for _, cid := range []string{"c1", "c2"} {
 		if err := h.write(t, files.FileWrite{Path: "in.txt", ConversationID: cid, Body: strings.NewReader(cid)}); err != nil {

@@ -204,7 +204,7 @@ func (s *Service) Claim(req Request) (*Pooled, bool) {
 		return nil, false
 	}
 	def := spec.Resources.WithDefaults()
-	if r := req.Resources; r.CPU != def.CPU || r.Memory != def.MemoryMB || r.Disk != def.DiskMB {
+	if r := req.Resources; r.CPU != def.CPU || r.MemoryMB != def.MemoryMB || r.DiskMB != def.DiskMB {
 		return nil, false // the pool's sandboxes have the template's limits
 	}
 	p.mu.Lock()

@@ -25,7 +25,6 @@ import (
 
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
 
-	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/template"
@@ -246,8 +245,9 @@ type Request struct {
 	Template, Build string
 	// Env are the session's variables, over the template's.
 	Env map[string]string
-	// Resources are the session's (CPU, memory and disk).
-	Resources api.Resources
+	// Resources are the session's: CPU, MemoryMB and DiskMB, over the
+	// template's.
+	Resources runtime.Resources
 }
 
 // Create builds the template if need be and creates a sandbox over the
@@ -272,7 +272,7 @@ func (s *Service) Create(ctx context.Context, req Request) (*Sandbox, string, er
 	}
 	maps.Copy(env, req.Env)
 	res := tmpl.Spec.Resources
-	res.CPU, res.MemoryMB, res.DiskMB = req.Resources.CPU, req.Resources.Memory, req.Resources.Disk
+	res.CPU, res.MemoryMB, res.DiskMB = req.Resources.CPU, req.Resources.MemoryMB, req.Resources.DiskMB
 	release, err := s.startSlot(ctx)
 	if err != nil {
 		return nil, "", err

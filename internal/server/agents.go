@@ -68,11 +68,13 @@ func (s *Server) ensureAgentSession(r *http.Request, userID, templateID string) 
 // tenant of ctx. A terminated or failed session is made anew (Create's
 // rules).
 func (s *Server) ensureSession(ctx context.Context, sid, userID, agentID, templateID string) error {
-	_, _, err := s.opt.Sessions.Create(ctx, tenantOf(ctx), api.CreateSessionRequest{
-		SessionID: sid, TemplateID: templateID,
+	_, _, err := s.opt.Sessions.Create(ctx, tenantOf(ctx), session.CreateRequest{
+		ID: sid, Template: templateID,
 		Metadata: map[string]string{"user_id": userID, "agent_id": agentID},
 	})
-	return err
+	// The agents' bodies name the template template_id, as POST /sessions
+	// does.
+	return session.RenameField(err, restFields)
 }
 
 // agentExecute: POST /agents/{agent_id}/execute.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
@@ -27,16 +28,64 @@ func toAPISession(s *session.Session) api.Session {
 		meta = map[string]string{}
 	}
 	up := s.Config.Upload
-	if up.AllowedFileTypes == nil {
-		up.AllowedFileTypes = []string{}
+	types := up.AllowedFileTypes
+	if types == nil {
+		types = []string{}
 	}
+	res := s.Config.Resources
 	return api.Session{
 		SessionID: s.ID, Status: s.Status, TemplateID: s.TemplateID, Error: s.Error,
 		CreatedAt: s.CreatedAt, LastActivityAt: s.LastActivityAt, ExpiresAt: s.ExpiresAt,
 		TTL: s.Config.TTL, IdleTimeout: s.Config.IdleTimeout, HibernateTimeout: s.Config.HibernateTimeout,
-		SandboxState: s.SandboxState, Resources: s.Config.Resources,
-		Network: s.Config.Network, Metadata: meta, FileUploadConfig: up, EnvVars: env,
+		SandboxState: s.SandboxState, Resources: api.Resources{CPU: res.CPU, Memory: res.MemoryMB, Disk: res.DiskMB},
+		Network: s.Config.Network, Metadata: meta, EnvVars: env,
+		FileUploadConfig: api.FileUploadConfig{
+			MaxFileSize: up.MaxFileSize, MaxFileSizeUnit: up.MaxFileSizeUnit, MaxFileCount: up.MaxFileCount, AllowedFileTypes: types,
+		},
 	}
+}
+
+// restFields names session.CreateRequest's fields as the REST API's
+// bodies do (POST /sessions; the agents' template_id too), for the
+// domain's errors.
+var restFields = map[string]string{
+	"ID": "session_id", "Template": "template_id",
+	"TTL": "timeout", "IdleTimeout": "idle_timeout", "HibernateTimeout": "hibernate_timeout",
+	"Resources.CPU": "resources.cpu", "Resources.MemoryMB": "resources.memory", "Resources.DiskMB": "resources.disk",
+	"Env": "env_vars", "Network": "network", "Metadata": "metadata",
+	"Upload.MaxFileSize": "file_upload_config.max_file_size", "Upload.MaxFileSizeUnit": "file_upload_config.max_file_size_unit",
+	"Upload.MaxFileCount": "file_upload_config.max_file_count", "Upload.AllowedFileTypes": "file_upload_config.allowed_file_types",
+}
+
+// createRequest translates the body of POST /sessions into the domain's
+// request. The timeouts are the wire's to check: they are seconds, and
+// past MaxTTL a count of them would overflow a time.Duration. The rest
+// the session checks, and createSession names its fields back.
+func createRequest(req *api.CreateSessionRequest, d session.Defaults) (session.CreateRequest, error) {
+	max := int64(session.MaxTTL / time.Second)
+	switch {
+	case req.Timeout < 0 || req.Timeout > max:
+		return session.CreateRequest{}, fmt.Errorf("timeout %d: the session's time to live is 1..%d seconds (0 for the default, %d): %w", req.Timeout, max, int64(d.TTL/time.Second), errdefs.ErrInvalidArgument)
+	case req.IdleTimeout < 0 || req.IdleTimeout > max:
+		return session.CreateRequest{}, fmt.Errorf("idle_timeout %d: want 1..%d seconds (0 for the default, %d): %w", req.IdleTimeout, max, int64(d.IdleTimeout/time.Second), errdefs.ErrInvalidArgument)
+	case req.HibernateTimeout < 0 || req.HibernateTimeout > max:
+		return session.CreateRequest{}, fmt.Errorf("hibernate_timeout %d: want 1..%d seconds (0 for the default, %d): %w", req.HibernateTimeout, max, int64(d.HibernateTimeout/time.Second), errdefs.ErrInvalidArgument)
+	}
+	out := session.CreateRequest{
+		ID: req.SessionID, Template: req.TemplateID,
+		TTL: time.Duration(req.Timeout) * time.Second, IdleTimeout: time.Duration(req.IdleTimeout) * time.Second,
+		HibernateTimeout: time.Duration(req.HibernateTimeout) * time.Second,
+		WarmUp:           req.WarmUp, Env: req.EnvVars, Network: req.Network, Metadata: req.Metadata,
+	}
+	if r := req.Resources; r != nil {
+		out.Resources = session.Resources{CPU: r.CPU, MemoryMB: r.Memory, DiskMB: r.Disk}
+	}
+	if u := req.FileUploadConfig; u != nil {
+		out.Upload = session.UploadConfig{
+			MaxFileSize: u.MaxFileSize, MaxFileSizeUnit: u.MaxFileSizeUnit, MaxFileCount: u.MaxFileCount, AllowedFileTypes: u.AllowedFileTypes,
+		}
+	}
+	return out, nil
 }
 
 // createSession: POST /sessions. 201 for a new session, 200 for an
@@ -47,9 +96,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	sess, created, err := s.opt.Sessions.Create(r.Context(), tenant(r), req)
+	dreq, err := createRequest(&req, s.opt.Sessions.Defaults())
 	if err != nil {
 		s.writeError(w, r, err)
+		return
+	}
+	sess, created, err := s.opt.Sessions.Create(r.Context(), tenant(r), dreq)
+	if err != nil {
+		s.writeError(w, r, session.RenameField(err, restFields))
 		return
 	}
 	code := http.StatusOK
@@ -158,7 +212,20 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, snap)
+	writeJSON(w, http.StatusCreated, toAPISnapshot(snap, true))
+}
+
+// toAPISnapshot is a snapshot as the API shows it; with created, what the
+// snapshot added to the blob store too (only a create's answer has it).
+func toAPISnapshot(sn *session.SnapshotInfo, created bool) api.Snapshot {
+	out := api.Snapshot{
+		SnapshotID: sn.ID, SessionID: sn.SessionID, CreatedAt: sn.CreatedAt,
+		Files: sn.Files, Dirs: sn.Dirs, Symlinks: sn.Symlinks, Bytes: sn.Bytes,
+	}
+	if created {
+		out.NewBytes = &sn.NewBytes
+	}
+	return out
 }
 
 // listSnapshots: GET /sessions/{id}/snapshots.
@@ -168,7 +235,11 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, api.SnapshotList{Snapshots: list})
+	out := api.SnapshotList{Snapshots: make([]api.Snapshot, 0, len(list))}
+	for i := range list {
+		out.Snapshots = append(out.Snapshots, toAPISnapshot(&list[i], false))
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // getSnapshot: GET /sessions/{id}/snapshots/{snapshot_id}.
@@ -178,7 +249,7 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, snap)
+	writeJSON(w, http.StatusOK, toAPISnapshot(snap, false))
 }
 
 // deleteSnapshot: DELETE /sessions/{id}/snapshots/{snapshot_id}.

@@ -25,7 +25,7 @@ func TestIdleWithoutPauseHibernates(t *testing.T) {
 	rt := noPause()
 	m := newManager(t, rt)
 	ctx := context.Background()
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s", IdleTimeout: 60, HibernateTimeout: 600, Timeout: 3600}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "s", IdleTimeout: 60 * time.Second, HibernateTimeout: 600 * time.Second, TTL: 3600 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "s")
@@ -49,7 +49,7 @@ func TestIdleWithPausePauses(t *testing.T) {
 	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	ctx := context.Background()
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s", IdleTimeout: 60, HibernateTimeout: 600, Timeout: 3600}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "s", IdleTimeout: 60 * time.Second, HibernateTimeout: 600 * time.Second, TTL: 3600 * time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "s")

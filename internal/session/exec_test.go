@@ -130,7 +130,7 @@ func readFile(t *testing.T, m *session.Manager, id, rel string) string {
 
 func createSession(t *testing.T, m *session.Manager, id string) {
 	t.Helper()
-	if _, _, err := m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+	if _, _, err := m.Create(context.Background(), "t", session.CreateRequest{ID: id}); err != nil {
 		t.Fatal(err)
 	}
 }

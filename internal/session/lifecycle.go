@@ -469,7 +469,7 @@ func (hb *hibernation) restoreHibernated(ctx context.Context, rec *store.Session
 		if err != nil {
 			return nil, err
 		}
-		if err := m.ws.Restore(ctx, volume(k), hibernatedKey(k), s.Config.Resources.Disk); err != nil {
+		if err := m.ws.Restore(ctx, volume(k), hibernatedKey(k), s.Config.Resources.DiskMB); err != nil {
 			return nil, fmt.Errorf("session %q: restoring its hibernated workspace: %w", rec.ID, err)
 		}
 	}
@@ -504,9 +504,23 @@ func newSnapshotID() string {
 	return "snap-" + strings.Replace(time.Now().UTC().Format("20060102T150405.000Z"), ".", "", 1) + "-" + b
 }
 
-func toAPISnapshot(k key, id string, mf *snapshot.Manifest) api.Snapshot {
-	return api.Snapshot{
-		SnapshotID: id, SessionID: k.id, CreatedAt: mf.CreatedAt.UTC(),
+// SnapshotInfo describes a snapshot of a session's workspace.
+type SnapshotInfo struct {
+	ID, SessionID string
+	CreatedAt     time.Time
+	// Files, Dirs and Symlinks count the workspace's entries; Bytes is the
+	// size of its files.
+	Files, Dirs, Symlinks int
+	Bytes                 int64
+	// NewBytes, only in what Snapshots.Create returns, is what the
+	// snapshot added to the blob store (content it had already is not
+	// stored twice).
+	NewBytes int64
+}
+
+func snapshotInfo(k key, id string, mf *snapshot.Manifest) SnapshotInfo {
+	return SnapshotInfo{
+		ID: id, SessionID: k.id, CreatedAt: mf.CreatedAt.UTC(),
 		Files: mf.Files, Dirs: mf.Dirs, Symlinks: mf.Symlinks, Bytes: mf.Size,
 	}
 }

@@ -54,6 +54,10 @@ type Limits struct {
 // Limits are the tenant's limits.
 func (m *Manager) Limits(tenant string) Limits { return m.admission.limits(tenant) }
 
+// Defaults are the lifecycle periods of sessions created without their
+// own: an edge names them in its own units when it refuses a period.
+func (m *Manager) Defaults() Defaults { return m.opt.Defaults }
+
 // admission holds tenants to their Limits, and the server to the disk its
 // workspace file system backs: the checks made before a session is
 // recorded or a sandbox started, and what they hold meanwhile.
@@ -208,8 +212,8 @@ func (a *admission) admitSandbox(s *Session) error {
 	switch {
 	case l.Sandboxes > 0 && n+1 > l.Sandboxes:
 		return quotaError(s.Tenant, "live sandboxes", n, 1, l.Sandboxes, how)
-	case l.MemoryMB > 0 && mem+r.Memory > l.MemoryMB:
-		return quotaError(s.Tenant, "sandbox memory (MiB)", mem, r.Memory, l.MemoryMB, how)
+	case l.MemoryMB > 0 && mem+r.MemoryMB > l.MemoryMB:
+		return quotaError(s.Tenant, "sandbox memory (MiB)", mem, r.MemoryMB, l.MemoryMB, how)
 	case l.CPU > 0 && cpu+r.CPU > l.CPU+1e-9:
 		return quotaError(s.Tenant, "sandbox CPU (cores)", cpu, r.CPU, l.CPU, how)
 	}

@@ -37,7 +37,7 @@ func TestSessionQuotas(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _, err := m.Create(ctx, "small", api.CreateSessionRequest{SessionID: fmt.Sprintf("s%d", i), Resources: &api.Resources{Disk: 100}})
+			_, _, err := m.Create(ctx, "small", CreateRequest{ID: fmt.Sprintf("s%d", i), Resources: Resources{DiskMB: 100}})
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -57,22 +57,22 @@ func TestSessionQuotas(t *testing.T) {
 	if err != nil || len(list) != 5 {
 		t.Fatalf("list: %d, %v", len(list), err)
 	}
-	if _, created, err := m.Create(ctx, "small", api.CreateSessionRequest{SessionID: list[0].ID}); err != nil || created {
+	if _, created, err := m.Create(ctx, "small", CreateRequest{ID: list[0].ID}); err != nil || created {
 		t.Errorf("create of an existing session at the limit: created %v, %v", created, err)
 	}
 	// Another tenant is not held by this one's limits.
-	if _, _, err := m.Create(ctx, "other", api.CreateSessionRequest{SessionID: "x"}); err != nil {
+	if _, _, err := m.Create(ctx, "other", CreateRequest{ID: "x"}); err != nil {
 		t.Errorf("another tenant: %v", err)
 	}
 	// A deleted session frees its place; the disk sum holds too.
 	if _, err := m.Delete(ctx, "small", list[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err = m.Create(ctx, "small", api.CreateSessionRequest{SessionID: "big", Resources: &api.Resources{Disk: 700}})
+	_, _, err = m.Create(ctx, "small", CreateRequest{ID: "big", Resources: Resources{DiskMB: 700}})
 	if !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Errorf("400 MB in use, 700 more, limit 1000: %v", err)
 	}
-	if _, _, err := m.Create(ctx, "small", api.CreateSessionRequest{SessionID: "fits", Resources: &api.Resources{Disk: 600}}); err != nil {
+	if _, _, err := m.Create(ctx, "small", CreateRequest{ID: "fits", Resources: Resources{DiskMB: 600}}); err != nil {
 		t.Errorf("400 MB in use, 600 more, limit 1000: %v", err)
 	}
 }
@@ -83,7 +83,7 @@ func TestSandboxQuotas(t *testing.T) {
 	withLimits(m, map[string]Limits{"t": {Sandboxes: 2, MemoryMB: 1500, CPU: 1.5}})
 	ctx := context.Background()
 	mk := func(tenant, id string, mem int64, cpu float64) *Session {
-		s, _, err := m.Create(ctx, tenant, api.CreateSessionRequest{SessionID: id, Resources: &api.Resources{Memory: mem, CPU: cpu}})
+		s, _, err := m.Create(ctx, tenant, CreateRequest{ID: id, Resources: Resources{MemoryMB: mem, CPU: cpu}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -92,7 +92,7 @@ func TestSandboxQuotas(t *testing.T) {
 	live := func(s *Session) {
 		attach(t, m, rt, s.Tenant, s.ID)
 		e := m.entry(key{s.Tenant, s.ID})
-		e.setRes(s.Config.Resources.Memory, s.Config.Resources.CPU)
+		e.setRes(s.Config.Resources.MemoryMB, s.Config.Resources.CPU)
 	}
 	a := mk("t", "a", 1000, 1)
 	live(a)
@@ -144,7 +144,7 @@ func TestSnapshotLimit(t *testing.T) {
 	m := newManager(t, runtimetest.NewFake())
 	withLimits(m, map[string]Limits{"t": {Snapshots: 2}})
 	ctx := context.Background()
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "s"}); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
@@ -153,7 +153,7 @@ func TestSnapshotLimit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, snap.SnapshotID)
+		ids = append(ids, snap.ID)
 	}
 	if _, err := m.Snapshots().Create(ctx, "t", "s"); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("third snapshot: %v, want the limit", err)
@@ -174,7 +174,7 @@ func TestStoredLimit(t *testing.T) {
 	withLimits(m, map[string]Limits{"t": {StoredMB: 4}, "u": {StoredMB: 4}})
 	ctx := context.Background()
 	for _, tenant := range []string{"t", "u"} {
-		if _, _, err := m.Create(ctx, tenant, api.CreateSessionRequest{SessionID: "s"}); err != nil {
+		if _, _, err := m.Create(ctx, tenant, CreateRequest{ID: "s"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -193,7 +193,7 @@ func TestStoredLimit(t *testing.T) {
 		if err != nil {
 			t.Fatalf("snapshot %d: %v", i, err)
 		}
-		ids = append(ids, snap.SnapshotID)
+		ids = append(ids, snap.ID)
 	}
 	if n, err := m.Stored().Bytes(ctx, "t"); err != nil || n < 6<<20 || n > 7<<20 {
 		t.Errorf("stored: %d bytes, %v; want 6 MiB and a manifest", n, err)
@@ -234,7 +234,7 @@ func TestStoredLimit(t *testing.T) {
 func TestSnapshotsListedAndDropped(t *testing.T) {
 	m := newManager(t, runtimetest.NewFake())
 	ctx := context.Background()
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "s"}); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
@@ -243,13 +243,13 @@ func TestSnapshotsListedAndDropped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids = append(ids, snap.SnapshotID)
+		ids = append(ids, snap.ID)
 	}
 	slices.Sort(ids)
 	list, err := m.Snapshots().List(ctx, "t", "s")
 	var got []string
 	for _, s := range list {
-		got = append(got, s.SnapshotID)
+		got = append(got, s.ID)
 	}
 	if err != nil || !slices.Equal(got, ids) {
 		t.Errorf("Snapshots = %v, %v; want %v", got, err, ids)
@@ -283,7 +283,7 @@ func TestDiskCapacity(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _, err := m.Create(ctx, fmt.Sprintf("t%d", i), api.CreateSessionRequest{SessionID: "s", Resources: &api.Resources{Disk: 300}})
+			_, _, err := m.Create(ctx, fmt.Sprintf("t%d", i), CreateRequest{ID: "s", Resources: Resources{DiskMB: 300}})
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -305,16 +305,16 @@ func TestDiskCapacity(t *testing.T) {
 	}
 	u, _ := m.opt.Store.TotalUsage(ctx)
 	room := 1000 - u.DiskMB
-	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "fits", Resources: &api.Resources{Disk: room}}); err != nil {
+	if _, _, err := m.Create(ctx, "late", CreateRequest{ID: "fits", Resources: Resources{DiskMB: room}}); err != nil {
 		t.Fatalf("a session for the %d MiB left: %v", room, err)
 	}
-	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "over", Resources: &api.Resources{Disk: 16}}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if _, _, err := m.Create(ctx, "late", CreateRequest{ID: "over", Resources: Resources{DiskMB: 16}}); !errors.Is(err, errdefs.ErrResourceExhausted) {
 		t.Fatalf("past the file system: %v", err)
 	}
 	if _, err := m.Delete(ctx, "late", "fits"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := m.Create(ctx, "late", api.CreateSessionRequest{SessionID: "over", Resources: &api.Resources{Disk: 16}}); err != nil {
+	if _, _, err := m.Create(ctx, "late", CreateRequest{ID: "over", Resources: Resources{DiskMB: 16}}); err != nil {
 		t.Fatalf("after a delete: %v", err)
 	}
 }

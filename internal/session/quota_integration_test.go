@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -33,7 +32,7 @@ func BenchmarkCreateSession(b *testing.B) {
 		ctx := context.Background()
 		b.ResetTimer()
 		for i := 0; i < b.N; i++ {
-			if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: fmt.Sprint("s", i), Resources: &api.Resources{Disk: 100}}); err != nil {
+			if _, _, err := m.Create(ctx, "t", CreateRequest{ID: fmt.Sprint("s", i), Resources: Resources{DiskMB: 100}}); err != nil {
 				b.Fatal(err)
 			}
 		}

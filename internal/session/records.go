@@ -48,29 +48,29 @@ func (m *Manager) List(ctx context.Context, f store.SessionFilter) ([]*Session, 
 // (created false). A session in error is recovered: a new sandbox, the same
 // workspace. A terminated one is replaced by a fresh session. The sandbox
 // comes with the first execution unless the request asks for warm_up.
-func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessionRequest) (*Session, bool, error) {
+func (m *Manager) Create(ctx context.Context, tenant string, req CreateRequest) (*Session, bool, error) {
 	cfg, err := validate(&req, m.opt.Defaults, m.opt.MaxResources)
 	if err != nil {
 		return nil, false, err
 	}
-	if req.TemplateID == "" {
-		req.TemplateID = DefaultTemplate
+	if req.Template == "" {
+		req.Template = DefaultTemplate
 	}
-	spec, err := m.Template(ctx, tenant, req.TemplateID)
+	spec, err := m.Template(ctx, tenant, req.Template)
 	if err != nil {
 		return nil, false, err
 	}
-	if req.SessionID == "" {
-		req.SessionID = newID("ses")
+	if req.ID == "" {
+		req.ID = newID("ses")
 	}
-	k := key{tenant, req.SessionID}
+	k := key{tenant, req.ID}
 	unlock, err := m.locks.lock(ctx, k)
 	if err != nil {
 		return nil, false, err
 	}
 	defer unlock()
 
-	rec, err := m.opt.Store.GetSession(ctx, tenant, req.SessionID)
+	rec, err := m.opt.Store.GetSession(ctx, tenant, req.ID)
 	switch {
 	case err == nil && rec.Status != api.StatusTerminated:
 		if rec.Status == api.StatusError {
@@ -83,7 +83,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			if started, _ := m.starts.kick(m.entry(k), s); started {
 				// A sandbox from a warm pool is in the record already
 				// (kick wrote it, running): read it again.
-				if rec, err = m.opt.Store.GetSession(ctx, tenant, req.SessionID); err != nil {
+				if rec, err = m.opt.Store.GetSession(ctx, tenant, req.ID); err != nil {
 					return nil, false, err
 				}
 				if rec.Status == api.StatusError {
@@ -97,7 +97,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		return s, false, err
 	case err == nil:
 		// Terminated: its record goes and a new session takes the id.
-		if err := m.opt.Store.DeleteSession(ctx, tenant, req.SessionID); err != nil {
+		if err := m.opt.Store.DeleteSession(ctx, tenant, req.ID); err != nil {
 			return nil, false, err
 		}
 	case !errors.Is(err, errdefs.ErrNotFound):
@@ -107,21 +107,21 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 	if t, ok := m.opt.Templates.Lookup(spec); ok {
 		cfg.TemplateHash = t.Hash
 	}
-	if cfg.Resources.Memory == 0 {
-		cfg.Resources.Memory = spec.Resources.WithDefaults().MemoryMB
+	if cfg.Resources.MemoryMB == 0 {
+		cfg.Resources.MemoryMB = spec.Resources.WithDefaults().MemoryMB
 	}
 	if cfg.Resources.CPU == 0 {
 		cfg.Resources.CPU = spec.Resources.WithDefaults().CPU
 	}
-	if cfg.Resources.Disk == 0 {
-		cfg.Resources.Disk = spec.Resources.WithDefaults().DiskMB
+	if cfg.Resources.DiskMB == 0 {
+		cfg.Resources.DiskMB = spec.Resources.WithDefaults().DiskMB
 	}
 	// A tenant's own template's defaults are held to the caps of what a
 	// session asks for, as they were when it was posted: it must not be a
 	// way around them after the caps were lowered either.
-	if caps, r := CapResources(m.opt.MaxResources), cfg.Resources; spec.Owner != "" && (r.CPU > caps.CPU || r.Memory > caps.Memory || r.Disk > caps.Disk) {
+	if caps, r := CapResources(m.opt.MaxResources), cfg.Resources; spec.Owner != "" && (r.CPU > caps.CPU || r.MemoryMB > caps.MemoryMB || r.DiskMB > caps.DiskMB) {
 		return nil, false, invalid("template %s: its default resources (cpu %v, memory %d MiB, disk %d MiB) are past this server's limits for one session (cpu %v, memory %d MiB, disk %d MiB): ask for less in resources",
-			req.TemplateID, r.CPU, r.Memory, r.Disk, caps.CPU, caps.Memory, caps.Disk)
+			req.Template, r.CPU, r.MemoryMB, r.DiskMB, caps.CPU, caps.MemoryMB, caps.DiskMB)
 	}
 	raw, _ := json.Marshal(cfg)
 	now := time.Now().UTC().Truncate(time.Microsecond) // what the store keeps
@@ -134,23 +134,23 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 		status = api.StatusPending
 	}
 	rec = &store.Session{
-		Tenant: tenant, ID: req.SessionID, Status: status, TemplateID: req.TemplateID,
-		Metadata: meta, Config: raw, DiskMB: cfg.Resources.Disk,
+		Tenant: tenant, ID: req.ID, Status: status, TemplateID: req.Template,
+		Metadata: meta, Config: raw, DiskMB: cfg.Resources.DiskMB,
 		CreatedAt: now, UpdatedAt: now, LastActivityAt: now, ExpiresAt: now.Add(time.Duration(cfg.TTL) * time.Second),
 	}
 	rec.DueAt = dueAt(rec, cfg, m.opt.Defaults)
 	// The tenant's quotas hold from this check until the record is in.
 	unlockTenant := m.admission.tenants.lock(tenant)
 	defer unlockTenant()
-	release, err := m.admission.admitSession(ctx, tenant, cfg.Resources.Disk)
+	release, err := m.admission.admitSession(ctx, tenant, cfg.Resources.DiskMB)
 	if err != nil {
 		return nil, false, err
 	}
 	defer release() // on the way out of a failure; at once after the insert otherwise
 	// A workspace left by a session of this id that a crash kept from
 	// being removed is not this session's: Create discards it.
-	if err := m.ws.Create(ctx, volume(k), cfg.Resources.Disk); err != nil {
-		return nil, false, fmt.Errorf("session %q: workspace: %w", req.SessionID, err)
+	if err := m.ws.Create(ctx, volume(k), cfg.Resources.DiskMB); err != nil {
+		return nil, false, fmt.Errorf("session %q: workspace: %w", req.ID, err)
 	}
 	err = m.opt.Store.CreateSession(ctx, rec)
 	release() // the store's sum has it now
@@ -177,7 +177,7 @@ func (m *Manager) Create(ctx context.Context, tenant string, req api.CreateSessi
 			return s, true, err
 		}
 		// From a warm pool it is running already.
-		if rec, err = m.opt.Store.GetSession(ctx, tenant, req.SessionID); err != nil {
+		if rec, err = m.opt.Store.GetSession(ctx, tenant, req.ID); err != nil {
 			return nil, false, err
 		}
 		s, err := m.decode(rec)

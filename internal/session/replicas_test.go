@@ -32,7 +32,7 @@ func twoReplicas(t *testing.T, rt *runtimetest.Fake) (a, b *Manager) {
 // (fake) running sandbox, sbx-ID, as a start would.
 func withSandbox(t *testing.T, m *Manager, rt *runtimetest.Fake, id string) {
 	t.Helper()
-	if _, _, err := m.Create(context.Background(), "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+	if _, _, err := m.Create(context.Background(), "t", CreateRequest{ID: id}); err != nil {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", id)

@@ -212,7 +212,7 @@ func (ss *starts) admitStart(e *entry, s *Session) (*sandbox.Sandbox, bool, erro
 	if err := m.admission.admitSandbox(s); err != nil {
 		return nil, false, fmt.Errorf("session %q: no sandbox: %w", s.ID, err)
 	}
-	e.setRes(s.Config.Resources.Memory, s.Config.Resources.CPU)
+	e.setRes(s.Config.Resources.MemoryMB, s.Config.Resources.CPU)
 	if sb := m.starts.fromPool(e, s); sb != nil {
 		return sb, true, nil
 	}
@@ -395,7 +395,9 @@ func (ss *starts) recordStart(k key, status, msg string, sb *sandbox.Sandbox) {
 func request(s *Session) sandbox.Request {
 	return sandbox.Request{
 		Tenant: s.Tenant, Session: s.ID, Template: s.TemplateID, Build: s.Config.TemplateHash,
-		Env: s.Config.Env, Resources: s.Config.Resources,
+		Env: s.Config.Env, Resources: runtime.Resources{
+			CPU: s.Config.Resources.CPU, MemoryMB: s.Config.Resources.MemoryMB, DiskMB: s.Config.Resources.DiskMB,
+		},
 	}
 }
 

@@ -128,7 +128,7 @@ type Options struct {
 	Limits func(tenant string) Limits
 	// MaxResources caps what one session may ask for, server-wide; zero
 	// fields are the built-in maxima (16 cores, 64 GiB, 1 TiB).
-	MaxResources api.Resources
+	MaxResources Resources
 	// DiskCapacityMB bounds the sum of the disk quotas (resources.disk)
 	// of every tenant's sessions that are not terminated: what the
 	// workspace file system can back (its size, times an overcommit the

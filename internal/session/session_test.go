@@ -105,7 +105,7 @@ func TestTransitions(t *testing.T) {
 func TestLifecycleWithoutSandbox(t *testing.T) {
 	m := newManager(t, runtimetest.NewFake())
 	ctx := context.Background()
-	s, created, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s"})
+	s, created, err := m.Create(ctx, "t", CreateRequest{ID: "s"})
 	if err != nil || !created || s.Status != api.StatusRunning || s.SandboxState != api.SandboxNone {
 		t.Fatalf("create: %+v %v %v", s, created, err)
 	}
@@ -158,7 +158,7 @@ func TestReaperThousandSessions(t *testing.T) {
 	const n, withSandbox = 1000, 600
 	for i := range n {
 		id := fmt.Sprintf("s%04d", i)
-		if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: id, IdleTimeout: 60, HibernateTimeout: 120, Timeout: 300}); err != nil {
+		if _, _, err := m.Create(ctx, "t", CreateRequest{ID: id, IdleTimeout: 60 * time.Second, HibernateTimeout: 120 * time.Second, TTL: 300 * time.Second}); err != nil {
 			t.Fatal(err)
 		}
 		if i < withSandbox {
@@ -224,7 +224,7 @@ func TestReaperSkipsLockedSessions(t *testing.T) {
 	rt := runtimetest.NewFake()
 	m := newManager(t, rt)
 	ctx := context.Background()
-	m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "held", IdleTimeout: 1})
+	m.Create(ctx, "t", CreateRequest{ID: "held", IdleTimeout: 1 * time.Second})
 	attach(t, m, rt, "t", "held")
 	unlock, err := m.locks.lock(ctx, key{"t", "held"})
 	if err != nil {
@@ -275,7 +275,7 @@ func TestSnapshotDoesNotBlockCounts(t *testing.T) {
 	m := newManager(t, rt, func(o *Options) { o.Snapshots = snapshot.New(held, "snapshots", snapshot.Limits{}) })
 	ctx := context.Background()
 	for _, id := range []string{"slow", "other"} {
-		if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: id}); err != nil {
+		if _, _, err := m.Create(ctx, "t", CreateRequest{ID: id}); err != nil {
 			t.Fatal(err)
 		}
 		attach(t, m, rt, "t", id)
@@ -315,7 +315,7 @@ func TestHibernateRefusedKeepsSession(t *testing.T) {
 	}
 	m := newManager(t, rt, func(o *Options) { o.Snapshots = snapshot.New(blobs, "snapshots", snapshot.Limits{MaxEntries: 10}) })
 	ctx := context.Background()
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "big"}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "big"}); err != nil {
 		t.Fatal(err)
 	}
 	attach(t, m, rt, "t", "big")

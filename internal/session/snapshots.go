@@ -28,7 +28,7 @@ func (m *Manager) Snapshots() *Snapshots { return &Snapshots{m} }
 // unchanged since the last snapshot are not read again, and content the
 // blob store has already is not stored twice. A running sandbox is frozen
 // for the copy, so the snapshot is of one moment.
-func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapshot, error) {
+func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*SnapshotInfo, error) {
 	m := sn.m
 	if m.opt.Snapshots == nil {
 		return nil, fmt.Errorf("snapshots need a blob store, and this server has none: %w", errdefs.ErrUnavailable)
@@ -86,19 +86,19 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*api.Snapsh
 	e.snap = mf
 	e.unlock()
 	m.emit(ctx, api.EventSessionSnapshot, rec, api.EventData{SnapshotID: sid})
-	out := toAPISnapshot(k, sid, mf)
-	out.NewBytes = &st.NewBytes
+	out := snapshotInfo(k, sid, mf)
+	out.NewBytes = st.NewBytes
 	return &out, nil
 }
 
 // List lists the session's snapshots, oldest first.
-func (sn *Snapshots) List(ctx context.Context, tenant, id string) ([]api.Snapshot, error) {
+func (sn *Snapshots) List(ctx context.Context, tenant, id string) ([]SnapshotInfo, error) {
 	m := sn.m
 	k := key{tenant, id}
 	if _, err := m.live(ctx, k); err != nil {
 		return nil, err
 	}
-	out := []api.Snapshot{}
+	out := []SnapshotInfo{}
 	if m.opt.Snapshots == nil {
 		return out, nil
 	}
@@ -112,7 +112,7 @@ func (sn *Snapshots) List(ctx context.Context, tenant, id string) ([]api.Snapsho
 		if err != nil {
 			return err
 		}
-		out = append(out, toAPISnapshot(k, sid, mf))
+		out = append(out, snapshotInfo(k, sid, mf))
 		return nil
 	})
 	if err != nil {
@@ -123,7 +123,7 @@ func (sn *Snapshots) List(ctx context.Context, tenant, id string) ([]api.Snapsho
 
 // Get describes one snapshot; ErrNotFound if the session has none of
 // that id.
-func (sn *Snapshots) Get(ctx context.Context, tenant, id, sid string) (*api.Snapshot, error) {
+func (sn *Snapshots) Get(ctx context.Context, tenant, id, sid string) (*SnapshotInfo, error) {
 	m := sn.m
 	k := key{tenant, id}
 	if _, err := m.live(ctx, k); err != nil {
@@ -133,7 +133,7 @@ func (sn *Snapshots) Get(ctx context.Context, tenant, id, sid string) (*api.Snap
 	if err != nil {
 		return nil, err
 	}
-	out := toAPISnapshot(k, sid, mf)
+	out := snapshotInfo(k, sid, mf)
 	return &out, nil
 }
 
@@ -214,7 +214,7 @@ func (sn *Snapshots) Restore(ctx context.Context, tenant, id, sid string) (*Sess
 	if err != nil {
 		return nil, err
 	}
-	if err := m.ws.Restore(ctx, volume(k), snapshotKey(k, sid), s.Config.Resources.Disk); err != nil {
+	if err := m.ws.Restore(ctx, volume(k), snapshotKey(k, sid), s.Config.Resources.DiskMB); err != nil {
 		if serr := m.save(ctx, rec); serr != nil {
 			m.log.Error("recording a destroyed sandbox", "session", id, "err", serr)
 		}

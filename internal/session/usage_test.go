@@ -32,7 +32,7 @@ func TestHeldAndSandboxOf(t *testing.T) {
 	})
 	ctx := context.Background()
 	withSandbox(t, m, rt, "s1")
-	if _, _, err := m.Create(ctx, "t", api.CreateSessionRequest{SessionID: "s2"}); err != nil {
+	if _, _, err := m.Create(ctx, "t", CreateRequest{ID: "s2"}); err != nil {
 		t.Fatal(err)
 	}
 	held := m.Held()
