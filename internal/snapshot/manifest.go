@@ -10,7 +10,6 @@ import (
 	"math"
 	"os"
 	"path"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -275,7 +274,19 @@ func (r *manifestReader) next(e *Entry) error {
 	return nil
 }
 
-var chunkName = regexp.MustCompile(`^[0-9a-f]{64}$`)
+// validChunkName: a SHA-256 in lower-case hex. (Not a regular expression:
+// see blob.validSegment.)
+func validChunkName(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 // maxChunks is the most chunks a file can have: its size is an int64.
 const maxChunks = math.MaxInt64/ChunkSize + 1
@@ -364,7 +375,7 @@ func (c *checker) attrs(e *Entry) error {
 		for _, c := range e.Chunks {
 			if z, ok := parseZeroRun(c); ok {
 				n += z
-			} else if chunkName.MatchString(c) {
+			} else if validChunkName(c) {
 				n++
 			} else {
 				return bad("entry %q names chunk %q", p, c)

@@ -59,7 +59,7 @@ func validNamespace(ns string) bool {
 }
 
 // ValidSum says whether sum is a SHA-256 in lower-case hex.
-func ValidSum(sum string) bool { return chunkName.MatchString(sum) }
+func ValidSum(sum string) bool { return validChunkName(sum) }
 
 // PutObject stores what r gives, at most max bytes, as an object of
 // namespace ns (a tenant's, which no other tenant shares chunks with),

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -434,5 +435,15 @@ func TestSmallObjectsSmallBuffers(t *testing.T) {
 	// 100 whole-chunk buffers would be 400 MiB.
 	if grew > 32<<20 {
 		t.Errorf("reading %d objects of 4 KiB held %d MiB", n, grew>>20)
+	}
+}
+
+func TestValidSumAsThePatternSaid(t *testing.T) {
+	sum := regexp.MustCompile(`^[0-9a-f]{64}$`)
+	for _, s := range []string{"", strings.Repeat("a", 63), strings.Repeat("a", 64), strings.Repeat("a", 65), strings.Repeat("A", 64),
+		strings.Repeat("0", 63) + "g", strings.Repeat("f", 64), strings.Repeat("9", 64) + "\n"} {
+		if ValidSum(s) != sum.MatchString(s) {
+			t.Errorf("ValidSum(%q) = %v", s, ValidSum(s))
+		}
 	}
 }

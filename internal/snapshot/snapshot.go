@@ -575,7 +575,7 @@ func (w *saver) content(f *os.File, size int64, e *Entry) error {
 	return nil
 }
 
-var zeroChunk = make([]byte, ChunkSize)
+var zeroChunk [ChunkSize]byte // in BSS: nothing to allocate when a program starts
 
 // put stores a chunk unless the store has it.
 func (w *saver) put(b []byte) (string, error) {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -102,9 +103,9 @@ func FuzzDecodeRunRequest(f *testing.F) {
 			t.Fatalf("cwd %q", r.Cwd)
 		case len(r.Code) > MaxCodeBytes || len(r.Event) == 0:
 			t.Fatalf("code %d event %q", len(r.Code), r.Event)
-		case r.ContextID != "" && (r.Language != LanguagePython || !IDPattern.MatchString(r.ContextID)):
+		case r.ContextID != "" && (r.Language != LanguagePython || !ValidID(r.ContextID)):
 			t.Fatalf("context %q", r.ContextID)
-		case r.ID != "" && !IDPattern.MatchString(r.ID):
+		case r.ID != "" && !ValidID(r.ID):
 			t.Fatalf("id %q", r.ID)
 		case r.ConversationID != "" && (strings.ContainsAny(r.ConversationID, "/\x00") || strings.Contains(r.ConversationID, "..") ||
 			r.ConversationID[0] == '.' || len(r.ConversationID) > 128):
@@ -116,4 +117,33 @@ func FuzzDecodeRunRequest(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The validators match the patterns they replaced.
+func TestIDsAsThePatternsSaid(t *testing.T) {
+	id := regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+	conv := regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+	alphabet := []string{"a", "Z", "0", ".", "_", "-", ":", "/", " ", "é"}
+	var all func(s string, n int)
+	all = func(s string, n int) {
+		if got, want := ValidID(s), id.MatchString(s); got != want {
+			t.Errorf("ValidID(%q) = %v, the pattern %v", s, got, want)
+		}
+		if got, want := ValidConversationID(s), conv.MatchString(s) && !strings.Contains(s, ".."); got != want {
+			t.Errorf("ValidConversationID(%q) = %v, the pattern %v", s, got, want)
+		}
+		if n == 0 {
+			return
+		}
+		for _, c := range alphabet {
+			all(s+c, n-1)
+		}
+	}
+	all("", 4)
+	for _, n := range []int{127, 128, 129} {
+		s := strings.Repeat("a", n)
+		if ValidID(s) != id.MatchString(s) || ValidConversationID(s) != conv.MatchString(s) {
+			t.Errorf("an id of %d bytes", n)
+		}
+	}
 }
