@@ -94,15 +94,7 @@ func (s *Store) saveArchive(ctx context.Context, r io.Reader, key string, prev *
 	if err := a.run(); err != nil {
 		return nil, err
 	}
-	st.Files, st.Bytes, st.Data = m.Files, m.Size, m.Data
-	mr, err := mw.reader(m)
-	if err != nil {
-		return nil, err
-	}
-	if st.Manifest, err = s.blobs.Put(ctx, s.manifestKey(key), mr); err != nil {
-		return nil, err
-	}
-	return m, nil
+	return s.putManifest(ctx, mw, m, st)
 }
 
 type archiveSaver struct {

@@ -316,12 +316,18 @@ func (s *Store) save(ctx context.Context, dir, key string, prev *Manifest, st *S
 	if err := w.walk(root, ".", 0); err != nil {
 		return nil, err
 	}
+	return s.putManifest(ctx, mw, m, st)
+}
+
+// putManifest stores a saved tree's manifest under its key, with what it
+// counted, and returns it.
+func (s *Store) putManifest(ctx context.Context, mw *manifestWriter, m *Manifest, st *Stats) (*Manifest, error) {
 	st.Files, st.Bytes, st.Data = m.Files, m.Size, m.Data
 	r, err := mw.reader(m)
 	if err != nil {
 		return nil, err
 	}
-	if st.Manifest, err = s.blobs.Put(ctx, s.manifestKey(key), r); err != nil {
+	if st.Manifest, err = s.blobs.Put(ctx, s.manifestKey(m.Key), r); err != nil {
 		return nil, err
 	}
 	return m, nil
