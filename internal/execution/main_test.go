@@ -2,15 +2,11 @@ package execution
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/internal/events"
@@ -23,20 +19,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
-func TestMain(m *testing.M) {
-	// The in-process executor starts its zygote through this binary.
-	runtimetest.RunHelper()
-	code := m.Run()
-	if code == 0 {
-		// os/signal's loop lives as long as the process once a signal is
-		// watched (the executor's reaper watches SIGCHLD).
-		if err := goleak.Find(goleak.IgnoreAnyFunction("os/signal.loop")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { runtimetest.Main(m) }
 
 // harness is one server's execution service over real sessions, a real
 // SQLite store and sandboxes of the in-process runtime.

@@ -22,6 +22,7 @@ import (
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
+	"go.uber.org/goleak"
 )
 
 // InProcess is a runtime whose sandboxes are the real executor daemon
@@ -87,6 +88,23 @@ var helperCalled atomic.Bool
 func RunHelper() {
 	executor.RunHelper()
 	helperCalled.Store(true)
+}
+
+// Main is the whole TestMain of a package that uses InProcess: RunHelper,
+// the tests, and then goleak, which fails a passing run that left a
+// goroutine behind (os/signal's loop aside: it lives as long as the
+// process once a signal is watched, and the executor's reaper watches
+// SIGCHLD).
+func Main(m *testing.M) {
+	RunHelper()
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("os/signal.loop")); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // innerFilter is the executor's inner seccomp program, made once.

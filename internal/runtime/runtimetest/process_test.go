@@ -19,19 +19,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
-func TestMain(m *testing.M) {
-	RunHelper()
-	code := m.Run()
-	if code == 0 {
-		// os/signal's loop lives as long as the process once a signal is
-		// watched (the executor's reaper watches SIGCHLD).
-		if err := goleak.Find(goleak.IgnoreAnyFunction("os/signal.loop")); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { Main(m) }
 
 // sandboxWorkspace makes a workspace the sandbox user owns.
 func sandboxWorkspace(t testing.TB, root, name string) string {
