@@ -33,7 +33,7 @@ import (
 // event, a GET while it runs) has the whole result. Sizes are of the
 // record as stored (JSON), so a record is at most MaxRecordBytes however
 // its output escapes; and every tenant's records together are held to its
-// history_size (Sessions.HistoryBytes) by deleting its oldest finished
+// history_size (Sessions.Limits(tenant).HistoryMB) by deleting its oldest finished
 // ones (keepHistorySize).
 const (
 	maxStoredCode      = 4 << 10
