@@ -1,0 +1,156 @@
+package kube
+
+import (
+	"net"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+)
+
+type nopCreds struct{}
+
+func (nopCreds) PublicKey() string           { return "pk" }
+func (nopCreds) Open(net.Conn, string) error { return nil }
+
+func newTestRuntime(t *testing.T) *Runtime {
+	t.Helper()
+	r, err := New(Config{Client: fake.NewClientset(), Credentials: nopCreds{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestPodName(t *testing.T) {
+	seen := map[string]string{}
+	for _, id := range []string{
+		"a", "abc-123", "ABC", "a_b", "x-1", "x-" + strings.Repeat("0", 32),
+		strings.Repeat("a", 59), strings.Repeat("a", 60), strings.Repeat("Z", 64), "a-", "0",
+	} {
+		name := podName(id)
+		if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 || len(name) > 63 {
+			t.Errorf("podName(%q) = %q: not a valid pod name: %v", id, name, errs)
+		}
+		if other, ok := seen[name]; ok {
+			t.Errorf("podName(%q) = podName(%q) = %q", id, other, name)
+		}
+		seen[name] = id
+	}
+	if got := podName("sess-1"); got != "sbx-sess-1" {
+		t.Errorf("a plain id keeps its name: got %q", got)
+	}
+}
+
+// TestPodIsolation checks the sandbox Pod's spec against the isolation
+// the issue asks of it: whatever else changes, these hold.
+func TestPodIsolation(t *testing.T) {
+	r := newTestRuntime(t)
+	pod, err := r.podSpec(runtime.Spec{
+		ID: "s1", Image: "sbx/python:abc", Volume: "t/s1",
+		Env: map[string]string{"A": "1"}, Labels: map[string]string{"session": "s1"},
+	}, "sbx/python:abc", runtime.Resources{CPU: 2, MemoryMB: 256, PIDs: 64, TmpMB: 32, DiskMB: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := pod.Spec
+	if ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
+		t.Error("the service account token is mounted")
+	}
+	if ps.EnableServiceLinks == nil || *ps.EnableServiceLinks {
+		t.Error("service links are on")
+	}
+	if ps.HostNetwork || ps.HostPID || ps.HostIPC {
+		t.Error("a host namespace is shared")
+	}
+	if ps.RestartPolicy != corev1.RestartPolicyNever {
+		t.Errorf("restart policy %s", ps.RestartPolicy)
+	}
+	if len(ps.Containers) != 1 || len(ps.InitContainers) != 0 {
+		t.Fatalf("containers %d, init %d", len(ps.Containers), len(ps.InitContainers))
+	}
+	c := ps.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil || sc.Privileged == nil || *sc.Privileged || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Error("privileged or privilege escalation allowed")
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Error("the root filesystem is writable")
+	}
+	if sc.SeccompProfile == nil || sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("no seccomp profile")
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Error("capabilities are not all dropped first")
+	}
+	for _, add := range sc.Capabilities.Add {
+		switch add {
+		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID":
+		default:
+			t.Errorf("capability %s added", add)
+		}
+	}
+	lim := c.Resources.Limits
+	if lim.Cpu().MilliValue() != 2000 || lim.Memory().Value() != 256<<20 {
+		t.Errorf("limits %v", lim)
+	}
+	if req := c.Resources.Requests; req.Cpu().Cmp(*lim.Cpu()) > 0 || req.Memory().Cmp(*lim.Memory()) > 0 {
+		t.Errorf("requests %v above limits %v", req, lim)
+	}
+	for _, v := range ps.Volumes {
+		if v.HostPath != nil {
+			t.Errorf("volume %s is a host path", v.Name)
+		}
+		if v.EmptyDir != nil && v.EmptyDir.SizeLimit == nil {
+			t.Errorf("volume %s has no size limit", v.Name)
+		}
+	}
+	for _, e := range c.Env {
+		if e.Name == "A" {
+			t.Error("the tenant's variables are in the executor's environment")
+		}
+	}
+	if ps.DNSPolicy != corev1.DNSNone {
+		t.Errorf("DNS policy %s: the cluster's resolver is reachable by name", ps.DNSPolicy)
+	}
+	// What Info reads back is what Create was given.
+	info, ok := r.info(pod)
+	if !ok || info.ID != "s1" || info.Image != "sbx/python:abc" || info.Volume != "t/s1" || info.Labels["session"] != "s1" || info.Resources.CPU != 2 {
+		t.Errorf("info %+v, %v", info, ok)
+	}
+}
+
+func TestPodState(t *testing.T) {
+	p := &corev1.Pod{}
+	if podState(p) != runtime.StateCreating {
+		t.Error("pending pod not creating")
+	}
+	p.Status.Phase = corev1.PodRunning
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName}}
+	if podState(p) != runtime.StateRunning {
+		t.Error("running pod not running")
+	}
+	p.Status.ContainerStatuses[0].State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 1}
+	if podState(p) != runtime.StateStopped {
+		t.Error("pod whose executor ended not stopped")
+	}
+	if failure(p) == "" {
+		t.Error("no failure for an ended executor")
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for id, want := range map[string]bool{
+		"a": true, "A_b-1": true, strings.Repeat("a", 64): true,
+		"": false, "-a": false, "_a": false, "a/b": false, "a.b": false, strings.Repeat("a", 65): false, "é": false,
+	} {
+		if validID(id) != want {
+			t.Errorf("validID(%q) = %v", id, !want)
+		}
+	}
+}
