@@ -66,16 +66,8 @@ const (
 // ValidID reports whether id may be named in a token: the sandbox ids of
 // the runtimes (1 to 64 of [A-Za-z0-9_-]).
 func ValidID(id string) bool {
-	if len(id) == 0 || len(id) > MaxIDLen {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return false
-		}
-	}
-	return true
+	// The same alphabet as base64url's, by coincidence.
+	return len(id) > 0 && len(id) <= MaxIDLen && base64URL(id)
 }
 
 // Claims is what a token says.
@@ -174,7 +166,9 @@ var (
 // errdefs.ErrUnauthenticated. The signature is checked before any claim
 // is believed.
 func (v *Verifier) Verify(tok string) (Claims, error) {
-	if len(tok) > maxEncoded {
+	// The alphabet is checked first: Go's base64 decoders skip '\r' and
+	// '\n' even in strict mode, and a token has one spelling only.
+	if len(tok) > maxEncoded || !base64URL(tok) {
 		return Claims{}, errMalformed
 	}
 	raw, err := base64.RawURLEncoding.Strict().DecodeString(tok)
@@ -208,6 +202,16 @@ func (v *Verifier) Verify(tok string) (Claims, error) {
 		return Claims{}, fmt.Errorf("token: expired at %s: %w", c.ExpiresAt.UTC().Format(time.RFC3339), errdefs.ErrUnauthenticated)
 	}
 	return c, nil
+}
+
+func base64URL(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // GenerateKey makes a new key pair for the control plane.

@@ -119,6 +119,8 @@ func TestVerifyRefuses(t *testing.T) {
 		{"id swapped", reencode(func(b []byte) []byte { b[headerLen+3] = '2'; return b })},
 		{"over long", strings.Repeat("A", 4096)},
 		{"white space", good + " "},
+		{"carriage return inside", good[:10] + "\r" + good[10:]},
+		{"newline inside", good[:10] + "\n" + good[10:]},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
