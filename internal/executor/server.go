@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -39,7 +40,15 @@ var Version = "dev"
 // Config configures the executor. Zero fields take the documented defaults.
 type Config struct {
 	// SocketPath is where the HTTP API listens. Default /run/sbx/executor.sock.
+	// Unused when Listener is set.
 	SocketPath string
+	// Listener, if set, is a network listener (a pod's IP) to serve the
+	// API on instead of the socket. Anything on the network can connect
+	// to it, so Auth is then required: every connection must open with
+	// the control plane's token (package token) or is closed unanswered.
+	Listener net.Listener `json:"-"`
+	// Auth checks the tokens of connections to Listener.
+	Auth *token.Verifier `json:"-"`
 	// ControlDir holds the socket, the zygote script and the inner seccomp
 	// filter; it is made mode 0700 so that only root may enter it.
 	// Default: the directory of SocketPath.
@@ -88,6 +97,9 @@ type Config struct {
 func (c *Config) setDefaults() error {
 	if c.SocketPath == "" {
 		c.SocketPath = "/run/sbx/executor.sock"
+	}
+	if c.Listener != nil && c.Auth == nil {
+		return fmt.Errorf("executor: a network listener needs a token verifier: never an anonymous API on a network: %w", errdefs.ErrInvalidArgument)
 	}
 	if c.ControlDir == "" {
 		c.ControlDir = filepath.Dir(c.SocketPath)
@@ -227,7 +239,7 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Serve listens on the socket and serves until ctx is done, then kills
+// Serve listens on the socket (or Config.Listener) and serves until ctx is done, then kills
 // every execution and the zygote and returns. It returns an error only if
 // it could not start. A Server serves once.
 func (s *Server) Serve(ctx context.Context) error {
@@ -238,15 +250,12 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.rp = rp
 	defer rp.close()
 
-	_ = os.Remove(s.cfg.SocketPath) // a stale socket of a previous run
-	l, err := net.Listen("unix", s.cfg.SocketPath)
+	l, where, err := s.listen()
 	if err != nil {
-		return fmt.Errorf("executor: listen: %w", err)
+		return err
 	}
-	defer os.Remove(s.cfg.SocketPath)
-	if err := os.Chmod(s.cfg.SocketPath, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("executor: socket mode: %w", err)
+	if s.cfg.Listener == nil {
+		defer os.Remove(s.cfg.SocketPath)
 	}
 
 	s.wg.Add(1)
@@ -261,7 +270,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(l) }()
-	s.log.Info("executor listening", "socket", s.cfg.SocketPath, "version", Version, "pid1", os.Getpid() == 1)
+	s.log.Info("executor listening", where, "version", Version, "pid1", os.Getpid() == 1)
 
 	select {
 	case <-ctx.Done():
@@ -270,6 +279,28 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.shutdown(hs)
 	return nil
+}
+
+// listen opens the socket, or wraps the network listener in the token
+// check. It returns how to log where it listens.
+func (s *Server) listen() (net.Listener, slog.Attr, error) {
+	if s.cfg.Listener != nil {
+		l, err := token.NewListener(s.cfg.Listener, s.cfg.Auth, token.ListenerOptions{Logger: s.log})
+		if err != nil {
+			return nil, slog.Attr{}, fmt.Errorf("executor: %w", err)
+		}
+		return l, slog.Group("tcp", "addr", l.Addr().String(), "sandbox", s.cfg.Auth.SandboxID()), nil
+	}
+	_ = os.Remove(s.cfg.SocketPath) // a stale socket of a previous run
+	l, err := net.Listen("unix", s.cfg.SocketPath)
+	if err != nil {
+		return nil, slog.Attr{}, fmt.Errorf("executor: listen: %w", err)
+	}
+	if err := os.Chmod(s.cfg.SocketPath, 0o600); err != nil {
+		l.Close()
+		return nil, slog.Attr{}, fmt.Errorf("executor: socket mode: %w", err)
+	}
+	return l, slog.String("socket", s.cfg.SocketPath), nil
 }
 
 // shutdown kills everything, lets the handlers write their (cancelled)
