@@ -107,6 +107,19 @@ type Store interface {
 
 var _ Store = (*Dirs)(nil)
 
+// Checkpointer is a Store whose workspaces live with their sandboxes
+// (a Pod's emptyDir: internal/runtime/kube) and outlive them only as
+// far as they were saved. The layer above calls Checkpoint after every
+// completed execution and file write, before it answers, so that losing
+// the sandbox loses nothing a completed call wrote. Dirs is no
+// Checkpointer: its directories outlive every sandbox.
+//
+// Such a Store's Open needs a running sandbox over the workspace
+// (ErrUnavailable without one): the layer above starts one first.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, name string) error
+}
+
 // Wait waits for the removals Discard started.
 func (d *Dirs) Wait() { d.wg.Wait() }
 

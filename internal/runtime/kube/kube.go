@@ -36,18 +36,9 @@ import (
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
-
-// Credentials is how the control plane proves itself to an executor: the
-// executor of a sandbox is given PublicKey, and accepts a connection
-// only if it opens with a credential for that sandbox (Open).
-type Credentials interface {
-	// PublicKey is what every sandbox's executor is given to verify with.
-	PublicKey() string
-	// Open writes the opening of a connection to sandbox id's executor.
-	Open(conn net.Conn, id string) error
-}
 
 // Config configures the runtime.
 type Config struct {
@@ -63,8 +54,10 @@ type Config struct {
 	// PullPolicy of the sandbox container. Default IfNotPresent: an image
 	// names one build by its hash and never changes.
 	PullPolicy corev1.PullPolicy
-	// Credentials authenticate the control plane to executors. Required.
-	Credentials Credentials
+	// Signer signs the token every connection to an executor opens with
+	// (internal/executor/token); each sandbox's executor is given only its
+	// public key. Required.
+	Signer *token.Signer
 	// Port is the executor's TCP port in the Pod. Default 7071.
 	Port int
 	// RuntimeClass, when set, runs sandboxes under that RuntimeClass
@@ -113,16 +106,17 @@ type Runtime struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	addrs map[string]string // sandbox id -> pod IP:port, as last seen
+	mu      sync.Mutex
+	addrs   map[string]string // sandbox id -> pod IP:port, as last seen
+	volumes *Volumes          // the workspace store over this runtime's Pods, once made
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
 
 // New returns a runtime with cfg.
 func New(cfg Config) (*Runtime, error) {
-	if cfg.Client == nil || cfg.Credentials == nil {
-		return nil, fmt.Errorf("kubernetes runtime: a client and credentials are required: %w", errdefs.ErrInvalidArgument)
+	if cfg.Client == nil || cfg.Signer == nil {
+		return nil, fmt.Errorf("kubernetes runtime: a client and a signer are required: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Namespace == "" {
 		cfg.Namespace = "sbx-sandboxes"
@@ -214,6 +208,14 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (info *runtime.
 	r.mu.Unlock()
 	if err := r.waitExecutor(wctx, spec.ID); err != nil {
 		return nil, fmt.Errorf("sandbox %s: the executor at %s does not answer: %w", spec.ID, addr, err)
+	}
+	r.mu.Lock()
+	vols := r.volumes
+	r.mu.Unlock()
+	if vols != nil && spec.Volume != "" {
+		if err := vols.restore(wctx, spec.ID, spec.Volume); err != nil {
+			return nil, fmt.Errorf("sandbox %s: restoring workspace %s: %w", spec.ID, spec.Volume, err)
+		}
 	}
 	r.log.Debug("kubernetes: sandbox ready", "id", spec.ID, "pod", created.Name, "addr", addr, "took", time.Since(start).Round(time.Millisecond))
 	got, ok := r.info(running)
@@ -326,12 +328,8 @@ func (r *Runtime) Dial(ctx context.Context, id string) (net.Conn, error) {
 		return nil, err
 	}
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	conn, err := r.cfg.Signer.Dial(ctx, &d, "tcp", addr, id)
 	if err != nil {
-		return nil, fmt.Errorf("sandbox %s: %w", id, err)
-	}
-	if err := r.cfg.Credentials.Open(conn, id); err != nil {
-		conn.Close()
 		return nil, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	return conn, nil

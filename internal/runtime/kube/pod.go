@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
@@ -109,13 +110,14 @@ func (r *Runtime) podSpec(spec runtime.Spec, image string, res runtime.Resources
 	if err != nil {
 		return nil, err
 	}
-	podLabels := map[string]string{labelManaged: labelManagedBy, labelComponent: componentSandbox}
+	podLabels := map[string]string{labelManaged: labelManagedBy, labelComponent: componentSandbox, labelVolume: volumeLabel(spec.Volume)}
 	maps.Copy(podLabels, r.cfg.PodLabels)
 
 	args := []string{
 		"--unprivileged",
 		"--listen", ":" + strconv.Itoa(r.cfg.Port),
-		"--socket", controlDir + "/executor.sock",
+		"--auth-public-key", token.EncodePublicKey(r.cfg.Signer.PublicKey()),
+		"--sandbox-id", spec.ID,
 		"--env-file", envFile,
 	}
 	if len(spec.Preload) > 0 {
@@ -167,11 +169,7 @@ func (r *Runtime) podSpec(spec runtime.Spec, image string, res runtime.Resources
 				Command:         []string{executorBinary},
 				Args:            args,
 				WorkingDir:      workspaceDir,
-				Env: []corev1.EnvVar{
-					{Name: "SBX_SANDBOX_ID", Value: spec.ID},
-					{Name: "SBX_EXECUTOR_PUBLIC_KEY", Value: r.cfg.Credentials.PublicKey()},
-				},
-				Ports: []corev1.ContainerPort{{Name: "executor", ContainerPort: int32(r.cfg.Port), Protocol: corev1.ProtocolTCP}},
+				Ports:           []corev1.ContainerPort{{Name: "executor", ContainerPort: int32(r.cfg.Port), Protocol: corev1.ProtocolTCP}},
 				Resources: corev1.ResourceRequirements{
 					Limits: corev1.ResourceList{
 						corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem,

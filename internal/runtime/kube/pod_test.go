@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -10,17 +9,21 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
 
-type nopCreds struct{}
-
-func (nopCreds) PublicKey() string           { return "pk" }
-func (nopCreds) Open(net.Conn, string) error { return nil }
-
 func newTestRuntime(t *testing.T) *Runtime {
 	t.Helper()
-	r, err := New(Config{Client: fake.NewClientset(), Credentials: nopCreds{}})
+	_, key, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := token.NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Client: fake.NewClientset(), Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,5 +155,21 @@ func TestValidID(t *testing.T) {
 		if validID(id) != want {
 			t.Errorf("validID(%q) = %v", id, !want)
 		}
+	}
+}
+
+// TestLoadSigner: two replicas starting at once end up with one key.
+func TestLoadSigner(t *testing.T) {
+	c := fake.NewClientset()
+	a, err := LoadSigner(t.Context(), c, "ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := LoadSigner(t.Context(), c, "ns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.PublicKey().Equal(b.PublicKey()) {
+		t.Fatal("a second replica made a key of its own")
 	}
 }

@@ -1,0 +1,295 @@
+package kube
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+)
+
+// labelVolume selects the Pod that holds a volume: a hash of the
+// volume's name, which a label value could not hold as it is.
+const labelVolume = "sbx.dev/volume"
+
+func volumeLabel(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return hex.EncodeToString(sum[:20])
+}
+
+// checkpointKey is where a volume's checkpoint is kept in the blob store:
+// under the volume's own name, so in its tenant's namespace.
+func checkpointKey(name string) string { return name + "/checkpoint" }
+
+// Volumes keeps the workspaces of sandboxes that run as Pods
+// (workspace.Store). A Pod's workspace is an emptyDir, which goes with
+// the Pod; what makes a workspace outlive its Pod is its checkpoint, a
+// snapshot in the blob store that the control plane brings up to date
+// after every completed execution and file write (Checkpoint) and that
+// every new Pod of the volume is given before it serves (Runtime.Create).
+// So a Pod deleted, evicted or lost with its node loses nothing a
+// completed call wrote, and any node can take the workspace up again.
+//
+// Every file call goes through the executor of the Pod that holds the
+// volume (Open); with no such Pod the workspace is only its checkpoint,
+// which a caller makes live by starting a sandbox over the volume.
+type Volumes struct {
+	rt         *Runtime
+	snaps      *snapshot.Store
+	maxArchive int64
+
+	mu   sync.Mutex
+	last map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+}
+
+var (
+	_ workspace.Store        = (*Volumes)(nil)
+	_ workspace.Checkpointer = (*Volumes)(nil)
+)
+
+// Volumes returns the runtime's workspace store, checkpointing into
+// snaps. maxArchive bounds an archive an executor sends.
+func (r *Runtime) Volumes(snaps *snapshot.Store, maxArchive int64) *Volumes {
+	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}}
+	r.mu.Lock()
+	r.volumes = v
+	r.mu.Unlock()
+	return v
+}
+
+// holder is the running sandbox whose Pod holds volume name, "" if none.
+func (v *Volumes) holder(ctx context.Context, name string) (string, error) {
+	list, err := v.rt.pods().List(ctx, metav1.ListOptions{LabelSelector: labelVolume + "=" + volumeLabel(name)})
+	if err != nil {
+		return "", fmt.Errorf("volume %s: %w", name, apiErr(err))
+	}
+	for i := range list.Items {
+		p := &list.Items[i]
+		if info, ok := v.rt.info(p); ok && info.Volume == name && info.State == runtime.StateRunning {
+			return info.ID, nil
+		}
+	}
+	return "", nil
+}
+
+// client is a workspace client of sandbox id's executor.
+func (v *Volumes) client(id string) (*execclient.Client, *execclient.Workspace) {
+	c := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return v.rt.Dial(ctx, id) })
+	return c, execclient.NewWorkspace(c, v.maxArchive)
+}
+
+// Create makes name a new, empty workspace: no checkpoint. Its Pod, when
+// one starts, begins empty.
+func (v *Volumes) Create(ctx context.Context, name string, diskMB int64) error {
+	v.forget(name)
+	return v.snaps.Delete(ctx, checkpointKey(name))
+}
+
+// Open opens the workspace of the running sandbox that holds it;
+// ErrUnavailable if none does.
+func (v *Volumes) Open(ctx context.Context, name string) (workspace.Workspace, error) {
+	id, err := v.holder(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if id == "" {
+		return nil, fmt.Errorf("workspace %s: no running sandbox holds it: %w", name, errdefs.ErrUnavailable)
+	}
+	c, ws := v.client(id)
+	return closingWorkspace{ws, c}, nil
+}
+
+// closingWorkspace closes its client with the workspace.
+type closingWorkspace struct {
+	*execclient.Workspace
+	c *execclient.Client
+}
+
+func (w closingWorkspace) Close() error { w.Workspace.Close(); return w.c.Close() }
+
+// Exists reports whether there is a workspace of that name: a Pod holds
+// it or it has a checkpoint.
+func (v *Volumes) Exists(ctx context.Context, name string) (bool, error) {
+	id, err := v.holder(ctx, name)
+	if err != nil || id != "" {
+		return id != "", err
+	}
+	if _, err := v.snaps.Load(ctx, checkpointKey(name)); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return false, nil
+		}
+		return false, err
+	}
+	return true, nil
+}
+
+// Save saves the workspace under key: its live tree if a Pod holds it,
+// else its checkpoint.
+func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	id, err := v.holder(ctx, name)
+	if err != nil {
+		return nil, snapshot.Stats{}, err
+	}
+	if id == "" {
+		if err := v.snaps.Copy(ctx, checkpointKey(name), key); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return nil, snapshot.Stats{}, fmt.Errorf("workspace %s: not held by a sandbox and never saved: %w", name, errdefs.ErrNotFound)
+			}
+			return nil, snapshot.Stats{}, err
+		}
+		mf, err := v.snaps.Load(ctx, key)
+		return mf, snapshot.Stats{}, err
+	}
+	return v.export(ctx, id, key, prev)
+}
+
+// export saves sandbox id's workspace under key.
+func (v *Volumes) export(ctx context.Context, id, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	c, ws := v.client(id)
+	defer c.Close()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := ws.Export(ctx, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	mf, st, err := v.snaps.SaveArchive(ctx, pr, key, prev)
+	pr.CloseWithError(errors.New("the save ended"))
+	if xerr := <-done; err == nil && xerr != nil {
+		err = xerr
+	}
+	return mf, st, err
+}
+
+// importInto makes the tree saved at key sandbox id's workspace.
+func (v *Volumes) importInto(ctx context.Context, id, key string) error {
+	c, ws := v.client(id)
+	defer c.Close()
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := v.snaps.WriteArchive(ctx, key, pw)
+		pw.CloseWithError(err)
+		done <- err
+	}()
+	err := ws.Import(ctx, pr)
+	pr.CloseWithError(errors.New("the import ended"))
+	if werr := <-done; werr != nil && (err == nil || errors.Is(err, io.ErrClosedPipe)) {
+		err = werr
+	}
+	return err
+}
+
+// Restore makes the tree saved at key the workspace's: its checkpoint
+// from now on, and, if a Pod holds it, that Pod's files.
+func (v *Volumes) Restore(ctx context.Context, name, key string, diskMB int64) error {
+	id, err := v.holder(ctx, name)
+	if err != nil {
+		return err
+	}
+	if id != "" {
+		if err := v.importInto(ctx, id, key); err != nil {
+			return fmt.Errorf("workspace %s: %w", name, err)
+		}
+	}
+	v.forget(name)
+	return v.snaps.Copy(ctx, key, checkpointKey(name))
+}
+
+// Claim makes the pooled workspace the session's: the Pod that holds it
+// is relabelled (its metadata, never its spec), and what it holds is the
+// session's from then on.
+func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
+	id, err := v.holder(ctx, pooled)
+	if err != nil {
+		return err
+	}
+	if id == "" {
+		return fmt.Errorf("pooled workspace %s: no running sandbox holds it: %w", pooled, errdefs.ErrUnavailable)
+	}
+	if err := v.rt.relabel(ctx, id, name); err != nil {
+		return err
+	}
+	v.forget(name)
+	if err := v.snaps.Delete(ctx, checkpointKey(name)); err != nil {
+		return err
+	}
+	return v.snaps.Delete(ctx, checkpointKey(pooled))
+}
+
+// Discard and Remove drop the workspace's checkpoint; its Pod's files go
+// with the Pod.
+func (v *Volumes) Discard(ctx context.Context, name string) error { return v.Remove(ctx, name) }
+
+func (v *Volumes) Remove(ctx context.Context, name string) error {
+	v.forget(name)
+	return v.snaps.Delete(ctx, checkpointKey(name))
+}
+
+// Reset has nothing to do: no workspace is on this host.
+func (v *Volumes) Reset(context.Context, map[string]bool) error { return nil }
+
+// Wait has nothing to wait for.
+func (v *Volumes) Wait() {}
+
+// Checkpoint saves the live workspace of name as its checkpoint, from
+// the last one this process saved where files are unchanged. Without a
+// Pod holding it there is nothing newer than the checkpoint.
+func (v *Volumes) Checkpoint(ctx context.Context, name string) error {
+	id, err := v.holder(ctx, name)
+	if err != nil || id == "" {
+		return err
+	}
+	v.mu.Lock()
+	prev := v.last[name]
+	v.mu.Unlock()
+	mf, _, err := v.export(ctx, id, checkpointKey(name), prev)
+	if err != nil {
+		return fmt.Errorf("workspace %s: checkpoint: %w", name, err)
+	}
+	v.mu.Lock()
+	v.last[name] = mf
+	v.mu.Unlock()
+	return nil
+}
+
+func (v *Volumes) forget(name string) {
+	v.mu.Lock()
+	delete(v.last, name)
+	v.mu.Unlock()
+}
+
+// restore gives a new Pod of volume name its checkpoint, if it has one.
+func (v *Volumes) restore(ctx context.Context, id, name string) error {
+	if _, err := v.snaps.Load(ctx, checkpointKey(name)); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		return err
+	}
+	return v.importInto(ctx, id, checkpointKey(name))
+}
+
+// relabel makes sandbox id's Pod the holder of volume name.
+func (r *Runtime) relabel(ctx context.Context, id, name string) error {
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q},"annotations":{%q:%q}}}`, labelVolume, volumeLabel(name), annotationVolume, name)
+	_, err := r.pods().Patch(ctx, podName(id), types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+	if err != nil {
+		return fmt.Errorf("sandbox %s: take volume %s: %w", id, name, apiErr(err))
+	}
+	return nil
+}
