@@ -227,6 +227,10 @@ func TestPodModeRuns(t *testing.T) {
 	if !res.StdoutTruncated || len(res.Stdout) > 1200 {
 		t.Fatalf("output limit: truncated %v, %d bytes", res.StdoutTruncated, len(res.Stdout))
 	}
+	// Stats read the read-only cgroupfs, or degrade; they never fail.
+	if _, err := p.c.Stats(context.Background()); err != nil {
+		t.Fatalf("stats: %v", err)
+	}
 	// A conversation's view needs a mount namespace: refused, not
 	// silently shown every conversation's uploads.
 	res = p.run(t, wire.RunRequest{Code: "print(1)", ConversationID: "conv1"})
