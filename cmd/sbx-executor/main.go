@@ -76,6 +76,7 @@ func run() error {
 	flag.StringVar(&envFile, "env-file", "", "JSON object of variables for user code only (template and session env_vars); never this process's or the zygote's environment")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFile, "log-file", "", "write the log, and what the zygote writes to stderr, to this file instead of stderr, rotated at --log-max-bytes")
+	flag.BoolVar(&cfg.Unprivileged, "unprivileged", false, "run without CAP_SYS_ADMIN or namespaces of our own, as in a Kubernetes Pod (internal/executor/unprivileged.go; docs/SECURITY.md, \"In a Pod\")")
 	flag.Int64Var(&logMax, "log-max-bytes", 256<<10, "size at which --log-file is rotated (one older file is kept)")
 	flag.StringVar(&listen, "listen", "", "TCP address to serve the API on instead of --socket; every connection must carry a token of the control plane (needs --auth-public-key and --sandbox-id)")
 	flag.StringVar(&pubKey, "auth-public-key", "", "base64 ed25519 public key the control plane's tokens verify with (default $"+envPublicKey+")")
@@ -118,7 +119,11 @@ func run() error {
 		lastWords = orig
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	filter, err := seccomp.InnerFilter()
+	innerFilter := seccomp.InnerFilter
+	if cfg.Unprivileged {
+		innerFilter = seccomp.UnprivilegedInnerFilter
+	}
+	filter, err := innerFilter()
 	if err != nil {
 		return fmt.Errorf("inner seccomp filter: %w", err)
 	}

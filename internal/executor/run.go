@@ -321,6 +321,12 @@ func (e *execution) runStateless() outcome {
 	defer stop()
 	var o outcome
 	o.timedOut, o.cause = e.waitOrKill(e.runEnded(c, rd), c.kill)
+	if e.s.cfg.Unprivileged {
+		// The worker is gone and what it left is the executor's now: no
+		// result before it is dead too, as under runc, where the worker's
+		// PID namespace takes it along.
+		e.s.sweepOrphans()
+	}
 	select {
 	case <-c.exited:
 		o.exited, o.ws, o.lost = !c.lost, c.status, c.lost

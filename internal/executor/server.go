@@ -30,6 +30,7 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/seccomp"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -92,6 +93,15 @@ type Config struct {
 	WarmWorkers int
 	// Logger receives the executor's logs. Default: slog JSON on stderr.
 	Logger *slog.Logger
+	// Unprivileged runs the executor without the privileges it has under
+	// runc (no CAP_SYS_ADMIN, no user namespace of its own, a seccomp
+	// profile that refuses namespaces and mounts): as in a Kubernetes Pod
+	// whose container has only CHOWN, DAC_OVERRIDE, FOWNER, SETUID, SETGID,
+	// SETPCAP and KILL. The shim then makes no namespace and covers
+	// nothing; executions share the sandbox's PID and mount namespaces
+	// (unprivileged.go says what holds). Set explicitly, never guessed:
+	// the other mode fails closed where this one would quietly hold less.
+	Unprivileged bool
 }
 
 func (c *Config) setDefaults() error {
@@ -138,6 +148,14 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
+	if len(c.SeccompFilter) == 0 && !c.AllowNoSeccomp && c.Unprivileged {
+		// The node's profile is not sbx's: the inner filter carries it.
+		f, err := seccomp.UnprivilegedInnerFilter()
+		if err != nil {
+			return fmt.Errorf("executor: inner seccomp filter: %w", err)
+		}
+		c.SeccompFilter = f
+	}
 	if len(c.SeccompFilter) == 0 && !c.AllowNoSeccomp {
 		return fmt.Errorf("executor: no inner seccomp filter: %w", errdefs.ErrInvalidArgument)
 	}
@@ -174,6 +192,11 @@ type Server struct {
 	zygErr     error         // why the last zygote died or failed to start
 
 	ws *workspace.Local // the file routes' workspace, opened on first use
+
+	// The unprivileged mode's sweeps of ended executions' processes
+	// (unprivileged.go): one at a time; sweepKick asks for one.
+	sweepMu   sync.Mutex
+	sweepKick chan struct{}
 }
 
 var errShuttingDown = errors.New("the executor is shutting down")
@@ -200,6 +223,7 @@ func New(cfg Config) (*Server, error) {
 		execs:      map[string]*execution{},
 		contexts:   map[contextKey]*pyContext{},
 		zygChanged: make(chan struct{}),
+		sweepKick:  make(chan struct{}, 1),
 	}
 	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
 		return nil, fmt.Errorf("executor: write zygote: %w", err)
@@ -260,6 +284,10 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	s.wg.Add(1)
 	go s.superviseZygote()
+	if s.cfg.Unprivileged {
+		s.wg.Add(1)
+		go s.sweeper()
+	}
 
 	hs := &http.Server{
 		Handler:           s.Handler(),
@@ -460,12 +488,20 @@ func (s *Server) superviseZygote() {
 		UID: s.cfg.UID, GID: s.cfg.GID, Preload: append([]string{}, s.cfg.Preload...), Bash: s.cfg.Bash,
 		Workspace: s.cfg.Workspace, ViewDir: s.viewDir,
 		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: wire.MaxReturnValueBytes,
-		Warm: s.cfg.WarmWorkers,
+		Warm: s.cfg.WarmWorkers, Unprivileged: s.cfg.Unprivileged,
+	}
+	if s.cfg.Unprivileged {
+		// No mount namespace per worker, so no conversation views.
+		cfg.ViewDir = ""
 	}
 	env := s.cfg.Env
 	for {
 		died := make(chan struct{})
-		z, err := startZygote(s.cfg.Python, s.scriptPath, cfg, env, s.rp, s.log, func(*zygote) { close(died) })
+		var onChildExit func()
+		if s.cfg.Unprivileged {
+			onChildExit = s.kickSweep
+		}
+		z, err := startZygote(s.cfg.Python, s.scriptPath, cfg, env, s.rp, s.log, func(*zygote) { close(died) }, onChildExit)
 		if err == nil {
 			s.setZygote(z, nil)
 			up := time.Now()

@@ -90,7 +90,7 @@ func validID(id string) bool {
 // capabilities over what the container can reach: no SYS_ADMIN, no
 // NET_*, nothing that reaches beyond the container's own files and
 // processes.
-var executorCaps = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID"}
+var executorCaps = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID"}
 
 // podSpec is the Pod of a sandbox.
 func (r *Runtime) podSpec(spec runtime.Spec, image string, res runtime.Resources) (*corev1.Pod, error) {

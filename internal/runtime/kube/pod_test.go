@@ -93,7 +93,7 @@ func TestPodIsolation(t *testing.T) {
 	}
 	for _, add := range sc.Capabilities.Add {
 		switch add {
-		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETUID":
+		case "CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID":
 		default:
 			t.Errorf("capability %s added", add)
 		}
