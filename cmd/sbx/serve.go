@@ -84,6 +84,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
 		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
 		metricsTok = fs.String("metrics-token", "", "the `TOKEN` GET /metrics asks for as Authorization: Bearer TOKEN; with API keys it is required (an API key gets 403: the metrics name every tenant) (env SBX_METRICS_TOKEN, better: every user of the machine sees a command line)")
+		rtName     = fs.String("runtime", "runc", "where sandboxes run: runc (containers on this host) or kubernetes (Pods of a cluster: in-cluster config, or --kubeconfig)")
+		kubeconfig = fs.String("kubeconfig", "", "with --runtime kubernetes: the cluster's kubeconfig `file` (default: the cluster sbx runs in)")
+		sandboxNS  = fs.String("sandbox-namespace", "sbx-sandboxes", "with --runtime kubernetes: the `namespace` of sandbox Pods and of the executors' signing key")
+		registry   = fs.String("registry", "", "with --runtime kubernetes: the registry `HOST[/PREFIX]` Pods pull template images from (sbx image push); default: images provided on the nodes")
+		runtimeCls = fs.String("runtime-class", "", "with --runtime kubernetes: the RuntimeClass of sandbox Pods (gVisor, say)")
 		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
@@ -216,7 +221,17 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			templates = append(templates, t)
 		}
 	}
+	var kubernetes *app.Kubernetes
+	switch *rtName {
+	case "runc":
+	case "kubernetes":
+		kubernetes = &app.Kubernetes{Kubeconfig: *kubeconfig, Namespace: *sandboxNS, Registry: *registry, RuntimeClass: *runtimeCls}
+	default:
+		fmt.Fprintf(stderr, "sbx serve: --runtime %q: want runc or kubernetes\n", *rtName)
+		return 2
+	}
 	a, err := app.Open(ctx, app.Config{
+		Kubernetes: kubernetes,
 		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},

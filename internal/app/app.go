@@ -23,12 +23,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -90,6 +92,11 @@ type Config struct {
 	// one made here must resolve them the same way. Tests swap in a fake
 	// or a failing one.
 	Runtime func(name string) (runtime.Runtime, error)
+	// Kubernetes, when set, runs sandboxes as Pods of a cluster
+	// (internal/runtime/kube) instead of containers on this host; Runtime
+	// is then ignored. Their workspaces live in the Pods and are
+	// checkpointed to the blob store, which every replica must share.
+	Kubernetes *Kubernetes
 	// Defaults are the lifecycle periods of sessions that set none
 	// (idle pause, hibernation, TTL); zero fields take the built-in ones.
 	Defaults session.Defaults
@@ -264,7 +271,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	// The state directory is the default runtime's; a runtime given in
 	// cfg keeps its own.
-	if cfg.Runtime == nil {
+	if cfg.Kubernetes != nil {
+		// Nothing of a sandbox is on this host: no workspace directories
+		// to hold to a quota.
+		cfg.WorkspaceQuota = "off"
+	} else if cfg.Runtime == nil {
 		if err := checkStateDir(cfg.StateDir, cfg.DataDir); err != nil {
 			return nil, err
 		}
@@ -295,7 +306,19 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	// workspace under DATA/workspaces: what the runtime resolves them to.
 	volumes := workspace.Volumes(filepath.Join(cfg.DataDir, "workspaces"))
 	newRuntime := cfg.Runtime
-	if newRuntime == nil {
+	var pods *kube.Runtime
+	if cfg.Kubernetes != nil {
+		if pods, err = openKubernetes(ctx, *cfg.Kubernetes, log); err != nil {
+			st.Close()
+			return nil, err
+		}
+		newRuntime = func(name string) (runtime.Runtime, error) {
+			if name != "" && name != "runc" {
+				return nil, fmt.Errorf("runtime %q: sandboxes run as Pods here; a template's runtime other than runc is not supported on Kubernetes yet: %w", name, errdefs.ErrInvalidArgument)
+			}
+			return pods, nil
+		}
+	} else if newRuntime == nil {
 		newRuntime = func(name string) (runtime.Runtime, error) {
 			return oci.New(oci.Config{Runtime: name, StateDir: cfg.StateDir, ExecutorPath: cfg.ExecutorPath, Log: log,
 				Images: templates, Volumes: volumes})
@@ -306,6 +329,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	// file calls without it.
 	var owners workspace.Owners
 	rootUID, userUID := oci.DefaultOwners()
+	if pods != nil {
+		// A Pod's files carry the sandbox's own ids: no host maps them.
+		rootUID, userUID = 0, kube.SandboxUID
+	}
 	owners.Root, owners.User = workspace.Owner{UID: rootUID, GID: rootUID}, workspace.Owner{UID: userUID, GID: userUID}
 	if rt, err := newRuntime(""); err != nil {
 		log.Error("the default sandbox runtime is not usable; executions will fail until it is", "err", err)
@@ -393,8 +420,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		}
 		return cfg.Limits
 	}
+	var workspaces workspace.Store
+	if pods != nil {
+		workspaces = pods.Volumes(snaps, 0)
+	}
 	mgr := session.New(session.Options{
-		Store: st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
+		Workspaces: workspaces,
+		Store:      st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snaps, Pools: cfg.Pools,

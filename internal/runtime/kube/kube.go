@@ -249,13 +249,13 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 				continue
 			}
 			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
+			if !ok || p.Name != pod.Name {
 				continue
 			}
 			rv = p.ResourceVersion
-			if msg := failure(p); msg != "" {
+			if err := failure(p); err != nil {
 				w.Stop()
-				return nil, fmt.Errorf("%s: %w", msg, errdefs.ErrUnavailable)
+				return nil, err
 			}
 			if p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "" && podState(p) == runtime.StateRunning {
 				w.Stop()
@@ -395,7 +395,7 @@ func (r *Runtime) waitGone(ctx context.Context, name string) error {
 			return fmt.Errorf("pod %s: %w", name, apiErr(err))
 		}
 		for ev := range w.ResultChan() {
-			if ev.Type == watch.Deleted {
+			if p, ok := ev.Object.(*corev1.Pod); ev.Type == watch.Deleted && ok && p.Name == name {
 				w.Stop()
 				return nil
 			}

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
@@ -53,7 +54,10 @@ const (
 // ids are named by a hash. An id that is already a valid name keeps it,
 // so that `kubectl get pods` reads like the API; the two forms never
 // meet, since plain names never start with "x-".
-func podName(id string) string {
+func podName(id string) string { return PodName(id) }
+
+// PodName is the name of sandbox id's Pod.
+func PodName(id string) string {
 	plain := !strings.HasPrefix(id, "x-") && len(id) <= 59
 	for i := 0; plain && i < len(id); i++ {
 		c := id[i]
@@ -260,26 +264,34 @@ func podState(pod *corev1.Pod) runtime.State {
 	return runtime.StateCreating
 }
 
-// failure says why a Pod cannot start, or "" while it still may: an image
-// that cannot be pulled or a container that cannot be made will not fix
-// itself, and Create should not wait out its timeout for them.
-func failure(pod *corev1.Pod) string {
+// failure says why a Pod cannot start, or nil while it still may: an
+// image that cannot be had or a container that cannot be made will not fix
+// itself, and Create should not wait out its timeout for them. An image
+// the node does not have and may not pull, or that its registry does not
+// know, is ErrNotFound.
+func failure(pod *corev1.Pod) error {
 	if pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
-		return fmt.Sprintf("pod %s ended (%s): %s", pod.Name, pod.Status.Phase, podMessage(pod))
+		return fmt.Errorf("pod %s ended (%s): %s: %w", pod.Name, pod.Status.Phase, podMessage(pod), errdefs.ErrUnavailable)
 	}
 	for _, cs := range pod.Status.ContainerStatuses {
 		if w := cs.State.Waiting; w != nil {
 			switch w.Reason {
-			case "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName",
-				"CreateContainerConfigError", "CreateContainerError", "RunContainerError":
-				return fmt.Sprintf("pod %s: %s: %s", pod.Name, w.Reason, w.Message)
+			case "ErrImageNeverPull":
+				return fmt.Errorf("pod %s: image %s is not on the node: %w", pod.Name, cs.Image, errdefs.ErrNotFound)
+			case "ErrImagePull", "ImagePullBackOff":
+				if strings.Contains(w.Message, "not found") {
+					return fmt.Errorf("pod %s: image %s: %s: %w", pod.Name, cs.Image, w.Message, errdefs.ErrNotFound)
+				}
+				return fmt.Errorf("pod %s: %s: %s: %w", pod.Name, w.Reason, w.Message, errdefs.ErrUnavailable)
+			case "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+				return fmt.Errorf("pod %s: %s: %s: %w", pod.Name, w.Reason, w.Message, errdefs.ErrUnavailable)
 			}
 		}
 		if t := cs.State.Terminated; t != nil {
-			return fmt.Sprintf("pod %s: the executor exited (%s, code %d): %s", pod.Name, t.Reason, t.ExitCode, t.Message)
+			return fmt.Errorf("pod %s: the executor exited (%s, code %d): %s: %w", pod.Name, t.Reason, t.ExitCode, t.Message, errdefs.ErrUnavailable)
 		}
 	}
-	return ""
+	return nil
 }
 
 func podMessage(pod *corev1.Pod) string {
@@ -297,3 +309,7 @@ func podMessage(pod *corev1.Pod) string {
 
 // age is how long ago t was, for logs.
 func age(t metav1.Time) time.Duration { return time.Since(t.Time).Round(time.Millisecond) }
+
+// SandboxUID is the user code runs as in a sandbox Pod, and the owner of
+// its workspace's files.
+const SandboxUID = 1000

@@ -142,7 +142,7 @@ func TestPodState(t *testing.T) {
 	if podState(p) != runtime.StateStopped {
 		t.Error("pod whose executor ended not stopped")
 	}
-	if failure(p) == "" {
+	if failure(p) == nil {
 		t.Error("no failure for an ended executor")
 	}
 }

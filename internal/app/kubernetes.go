@@ -1,0 +1,43 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
+)
+
+// Kubernetes says where sandbox Pods run.
+type Kubernetes struct {
+	// Kubeconfig is the cluster's kubeconfig file; empty: the cluster sbx
+	// runs in (its Pod's service account).
+	Kubeconfig string
+	// Namespace is where sandbox Pods go, and the Secret of the executors'
+	// signing key (kube.KeySecret). Default sbx-sandboxes.
+	Namespace string
+	// Registry prefixes template images (kube.Config.Registry); empty:
+	// images provided on the nodes.
+	Registry string
+	// RuntimeClass runs every sandbox Pod under it (gVisor, say).
+	RuntimeClass string
+}
+
+// openKubernetes connects to the cluster and makes the Pod runtime.
+func openKubernetes(ctx context.Context, k Kubernetes, log *slog.Logger) (*kube.Runtime, error) {
+	if k.Namespace == "" {
+		k.Namespace = "sbx-sandboxes"
+	}
+	client, err := kube.Connect(k.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	signer, err := kube.LoadSigner(ctx, client, k.Namespace)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: the executors' signing key: %w", err)
+	}
+	return kube.New(kube.Config{
+		Client: client, Namespace: k.Namespace, Registry: k.Registry, RuntimeClass: k.RuntimeClass,
+		Signer: signer, Logger: log,
+	})
+}
