@@ -232,7 +232,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	a, err := app.Open(ctx, app.Config{
 		Kubernetes: kubernetes,
-		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
+		Addr:       *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
 		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
