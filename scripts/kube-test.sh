@@ -39,7 +39,8 @@ traces() {
 	awk '{print "mount: " $5}' /proc/self/mountinfo | grep -E '/var/lib/kubelet|/var/lib/sbx-kube|/run/sbx-kube|/run/netns/cni-|/var/lib/cni' || true
 	find /sys/fs/cgroup -maxdepth 3 -type d \( -name 'kubepods*' -o -name 'burstable' -o -name 'besteffort' \) 2>/dev/null | sed 's/^/cgroup: /'
 	for t in /var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/sbx-kube \
-		$ROOT/containerd $ROOT/etcd $ROOT/pki $ROOT/kubeconfig $ROOT/pids /opt/containerd; do
+		$ROOT/containerd $ROOT/etcd $ROOT/pki $ROOT/kubeconfig $ROOT/pids /opt/containerd /opt/cni \
+		/etc/kubernetes /etc/cni /var/lib/containerd /run/containerd /var/lib/etcd; do
 		[ -e "$t" ] && echo "path: $t"
 	done
 	for t in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops \

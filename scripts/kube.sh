@@ -448,6 +448,10 @@ cmd_up() {
 	wait_for "node $node" 120 node_ready
 
 	kubectl_ get namespace "$SANDBOX_NAMESPACE" >/dev/null 2>&1 || kubectl_ create namespace "$SANDBOX_NAMESPACE" >/dev/null
+	# Pods are refused until their namespace's default service account
+	# exists (the controller manager makes it).
+	wait_for "service accounts" 60 kubectl_ -n default get serviceaccount default
+	wait_for "service accounts" 60 kubectl_ -n "$SANDBOX_NAMESPACE" get serviceaccount default
 	smoke_pod
 	log "up in $((SECONDS - start_time)) s: kubectl $ROOT/bin/kubectl, kubeconfig $KUBECONFIG_ADMIN"
 }
@@ -634,26 +638,32 @@ cmd_down() {
 	fi
 }
 
-[ "$(id -u)" = 0 ] || die "run as root"
-case "${1:-}" in
-up) cmd_up ;;
-down)
-	shift
-	cmd_down "$@"
-	;;
-status) cmd_status ;;
-image)
-	# image DIR TAG OUT: one of scripts/kube's Go programs as a
-	# docker-archive tarball (scripts/kube-test.sh's test image).
-	[ $# -eq 4 ] || die "usage: $0 image DIR TAG OUT"
-	build_go_image "$2" "$3" "$4"
-	;;
-import)
-	shift
-	cmd_import "$@"
-	;;
-*)
-	echo "usage: $0 up|down [--purge]|status|import FILE..." >&2
-	exit 2
-	;;
-esac
+main() {
+	[ "$(id -u)" = 0 ] || die "run as root"
+	case "${1:-}" in
+	up) cmd_up ;;
+	down)
+		shift
+		cmd_down "$@"
+		;;
+	status) cmd_status ;;
+	image)
+		# image DIR TAG OUT: one of scripts/kube's Go programs as a
+		# docker-archive tarball (scripts/kube-test.sh's test image).
+		[ $# -eq 4 ] || die "usage: $0 image DIR TAG OUT"
+		build_go_image "$2" "$3" "$4"
+		;;
+	import)
+		shift
+		cmd_import "$@"
+		;;
+	*)
+		echo "usage: $0 up|down [--purge]|status|import FILE..." >&2
+		exit 2
+		;;
+	esac
+}
+
+# One line: bash has read all of it before it runs, so editing this file
+# while it runs (a build takes minutes) cannot change what it does.
+main "$@"; exit
