@@ -48,6 +48,9 @@ DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd k
 export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
 
 log() { echo "kube: $*" >&2; }
+# set -e alone stops without a word: say where.
+set -E
+trap 'log "failed: line $LINENO: $BASH_COMMAND"' ERR
 die() {
 	log "$*"
 	exit 1
@@ -552,7 +555,8 @@ our_shims() {
 unmount_under() {
 	local m p
 	for p in "$@"; do
-		awk '{print $5}' /proc/self/mountinfo | grep -E "^${p}(/|$)" | sort -r | while read -r m; do
+		# grep finds nothing when nothing is mounted: not an error.
+		{ awk '{print $5}' /proc/self/mountinfo | grep -E "^${p}(/|$)" || true; } | sort -r | while read -r m; do
 			umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
 		done
 	done
@@ -565,7 +569,7 @@ remove_iptables_chains() {
 		for table in filter nat mangle raw; do
 			$ipt -t $table -S >/dev/null 2>&1 || continue
 			# Rules that jump to the kubelet's chains, then the chains.
-			$ipt -t $table -S | grep -E '^-A .* -j KUBE-' | sed 's/^-A /-D /' | while read -r rule; do
+			{ $ipt -t $table -S | grep -E '^-A .* -j KUBE-' || true; } | sed 's/^-A /-D /' | while read -r rule; do
 				eval "$ipt -t $table $rule" || true
 			done
 			$ipt -t $table -S | sed -n 's/^-N \(KUBE-[A-Z0-9-]*\)$/\1/p' | while read -r chain; do
