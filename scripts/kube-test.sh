@@ -17,6 +17,8 @@ fail() {
 	exit 1
 }
 say() { echo "kube-test: $*" >&2; }
+set -E
+trap 'say "failed: line $LINENO: $BASH_COMMAND"' ERR
 
 [ "$(id -u)" = 0 ] || fail "run as root"
 if $KUBE status >/dev/null 2>&1; then
@@ -32,8 +34,8 @@ $KUBE down
 traces() {
 	local t
 	for t in filter nat mangle raw; do
-		command -v iptables >/dev/null && iptables -t $t -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/iptables $t: /"
-		command -v ip6tables >/dev/null && ip6tables -t $t -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/ip6tables $t: /"
+		command -v iptables >/dev/null && iptables -t $t -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/iptables $t: /" || true
+		command -v ip6tables >/dev/null && ip6tables -t $t -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/ip6tables $t: /" || true
 	done
 	ip -o link show | awk -F': ' '{print "link: " $2}' | grep -E 'sbxkube|cni|veth' || true
 	awk '{print "mount: " $5}' /proc/self/mountinfo | grep -E '/var/lib/kubelet|/var/lib/sbx-kube|/run/sbx-kube|/run/netns/cni-|/var/lib/cni' || true
@@ -50,8 +52,8 @@ traces() {
 	# Processes whose command line names the cluster's directories.
 	local p
 	for p in /proc/[0-9]*; do
-		tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qE '/var/lib/sbx-kube|/run/sbx-kube' &&
-			echo "process: $(tr '\0' ' ' <"$p/cmdline" | cut -c1-80)"
+		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qE '/var/lib/sbx-kube|/run/sbx-kube' &&
+			echo "process: $({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | cut -c1-80)"
 	done
 	return 0
 }

@@ -523,7 +523,7 @@ cmd_status() {
 		return 0
 	fi
 	echo "node $(node_name): not Ready"
-	return 1
+	exit 1
 }
 
 stop_pid() {
@@ -545,7 +545,8 @@ stop_pid() {
 our_shims() {
 	local p
 	for p in /proc/[0-9]*; do
-		tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CTR_SOCK " && echo "${p#/proc/}"
+		# A process may end between the glob and the read.
+		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CTR_SOCK " && echo "${p#/proc/}"
 	done
 	return 0
 }
