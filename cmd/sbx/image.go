@@ -7,14 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/image"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/template"
 )
 
@@ -104,10 +103,24 @@ func imageBuild(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		return usage(fmt.Sprintf("unexpected arguments %q", fs.Args()))
 	case (*tmpl == "") == (*root == ""):
 		return usage("one of --template and --dir")
-	case *tagFlag == "":
-		return usage("--tag is required")
+	case *tagFlag == "" && *tmpl == "":
+		return usage("--tag is required with --dir")
 	case (*out == "") == !*push:
 		return usage("one of -o FILE and --push")
+	}
+	if *tagFlag == "" {
+		// What the kubernetes runtime pulls for the template (TemplateTag).
+		t, _, err := findTemplate(*dir, *tmpl)
+		if err != nil {
+			return imageFail(stderr, "build", err)
+		}
+		exePath, err := executorPath(*exe)
+		if err != nil {
+			return imageFail(stderr, "build", err)
+		}
+		if *tagFlag, err = templateTag("", t.Image(), exePath); err != nil {
+			return imageFail(stderr, "build", err)
+		}
 	}
 	tag, err := image.ParseTag(*tagFlag)
 	if err != nil {
@@ -165,14 +178,18 @@ func imagePush(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if err != nil {
 		return imageFail(stderr, "push", err)
 	}
-	tag, err := image.ParseTag(strings.TrimSuffix(*reg, "/") + "/" + t.Image())
-	if err != nil {
-		fmt.Fprintln(stderr, "sbx image push:", err)
-		return 2
-	}
 	exePath, err := executorPath(*exe)
 	if err != nil {
 		return imageFail(stderr, "push", err)
+	}
+	ref, err := templateTag(*reg, t.Image(), exePath)
+	if err != nil {
+		return imageFail(stderr, "push", err)
+	}
+	tag, err := image.ParseTag(ref)
+	if err != nil {
+		fmt.Fprintln(stderr, "sbx image push:", err)
+		return 2
 	}
 	img, err := image.Template(ctx, "", store, t, exePath)
 	if err != nil {
@@ -234,22 +251,26 @@ func templateImage(ctx context.Context, dataDir, ref, exe string) (*image.Image,
 	return image.Template(ctx, "", store, t, exePath)
 }
 
+// templateTag is the reference the kubernetes runtime pulls for a
+// template image holding executor: [REGISTRY/]sbx/NAME:HASH-xEXEC.
+func templateTag(registry, ref, executor string) (string, error) {
+	suffix, err := image.ExecutorSuffix(executor)
+	if err != nil {
+		return "", err
+	}
+	if registry != "" {
+		ref = strings.TrimSuffix(registry, "/") + "/" + ref
+	}
+	return ref + suffix, nil
+}
+
 // executorPath is the executor a template image holds: the flag's, else
 // the one beside sbx, else PATH's (as the oci runtime finds it).
 func executorPath(flagValue string) (string, error) {
 	if flagValue != "" {
 		return flagValue, nil
 	}
-	if self, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(self), "sbx-executor")
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath("sbx-executor"); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("sbx-executor not found beside sbx or in PATH (make build, or --executor): %w", errdefs.ErrNotFound)
+	return oci.FindExecutor()
 }
 
 func parseEntrypoint(s string) ([]string, error) {

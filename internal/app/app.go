@@ -308,7 +308,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	newRuntime := cfg.Runtime
 	var pods *kube.Runtime
 	if cfg.Kubernetes != nil {
-		if pods, err = openKubernetes(ctx, *cfg.Kubernetes, log); err != nil {
+		if pods, err = openKubernetes(ctx, *cfg.Kubernetes, cfg.ExecutorPath, log); err != nil {
 			st.Close()
 			return nil, err
 		}

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/sbx-sandbox/sbx/internal/image"
 	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
+	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 )
 
 // Kubernetes says where sandbox Pods run.
@@ -24,9 +26,20 @@ type Kubernetes struct {
 }
 
 // openKubernetes connects to the cluster and makes the Pod runtime.
-func openKubernetes(ctx context.Context, k Kubernetes, log *slog.Logger) (*kube.Runtime, error) {
+func openKubernetes(ctx context.Context, k Kubernetes, executor string, log *slog.Logger) (*kube.Runtime, error) {
 	if k.Namespace == "" {
 		k.Namespace = "sbx-sandboxes"
+	}
+	// Pods run the template images of this sbx's executor.
+	if executor == "" {
+		var err error
+		if executor, err = oci.FindExecutor(); err != nil {
+			return nil, err
+		}
+	}
+	suffix, err := image.ExecutorSuffix(executor)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: the executor template images hold: %w", err)
 	}
 	client, err := kube.Connect(k.Kubeconfig)
 	if err != nil {
@@ -38,6 +51,6 @@ func openKubernetes(ctx context.Context, k Kubernetes, log *slog.Logger) (*kube.
 	}
 	return kube.New(kube.Config{
 		Client: client, Namespace: k.Namespace, Registry: k.Registry, RuntimeClass: k.RuntimeClass,
-		Signer: signer, Logger: log,
+		ImageSuffix: suffix, Signer: signer, Logger: log,
 	})
 }

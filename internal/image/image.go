@@ -2,6 +2,8 @@ package image
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -250,4 +252,23 @@ func (h httpsOnly) RoundTrip(r *http.Request) (*http.Response, error) {
 		return nil, fmt.Errorf("%s: %w", r.URL.Redacted(), errPlainHTTP)
 	}
 	return h.RoundTripper.RoundTrip(r)
+}
+
+// ExecutorSuffix is what a template image's tag carries after the build
+// hash for the executor inside it (ExecutorPath): "-x" and the start of
+// the executor's SHA-256. A template build is one tree, but its image is
+// the tree and an executor; a new sbx (a new executor) so makes new tags,
+// which nodes pull afresh, while the Pods of running sessions keep the
+// image they started with. kube.Config.ImageSuffix takes it.
+func ExecutorSuffix(executor string) (string, error) {
+	f, err := os.Open(executor)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "-x" + hex.EncodeToString(h.Sum(nil))[:16], nil
 }

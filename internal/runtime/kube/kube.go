@@ -51,6 +51,10 @@ type Config struct {
 	// registry.example:5000/sbx/NAME:HASH. Empty: the reference as it is,
 	// for images provided on the nodes (scripts/kube.sh import).
 	Registry string
+	// ImageSuffix is appended to every image's tag: the executor's part
+	// of it (image.ExecutorSuffix), so that a Pod runs the executor of the
+	// sbx that made it.
+	ImageSuffix string
 	// PullPolicy of the sandbox container. Default IfNotPresent: an image
 	// names one build by its hash and never changes.
 	PullPolicy corev1.PullPolicy
@@ -160,6 +164,7 @@ type podClient = interface {
 
 // image is the reference a Pod pulls for spec's image.
 func (r *Runtime) image(ref string) string {
+	ref += r.cfg.ImageSuffix
 	if r.cfg.Registry == "" {
 		return ref
 	}

@@ -21,7 +21,7 @@ import (
 
 func newRuntime(t testing.TB, c *kubetest.Cluster, signer *token.Signer) *kube.Runtime {
 	t.Helper()
-	rt, err := kube.New(kube.Config{Client: c.Client, Namespace: c.Namespace, Signer: signer, PullPolicy: "Never"})
+	rt, err := kube.New(kube.Config{Client: c.Client, Namespace: c.Namespace, Signer: signer, PullPolicy: "Never", ImageSuffix: kubetest.Suffix(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,10 +95,11 @@ var (
 	provideEr = map[string]error{}
 )
 
-// Image returns the image reference of built-in template name, built (once
-// per machine) and exported as an image with this tree's executor, and
-// imported into the node (once per test process): what a sandbox Pod of
-// that template runs.
+// Image returns the image reference of built-in template name (the
+// runtime.Spec.Image of its sandboxes), built (once per machine) and
+// exported as an image with this tree's executor, and imported into the
+// node (once per test process) under that reference and Suffix: what a
+// sandbox Pod of that template runs.
 func Image(t testing.TB, name string) string {
 	t.Helper()
 	env := testenv.New(t)
@@ -128,7 +129,11 @@ func provide(name, executor string) (string, error) {
 		return "", fmt.Errorf("template %s is not built", name)
 	}
 	ref := tmpl.Image()
-	tag, err := image.ParseTag(ref)
+	suffix, err := image.ExecutorSuffix(executor)
+	if err != nil {
+		return "", err
+	}
+	tag, err := image.ParseTag(ref + suffix)
 	if err != nil {
 		return "", err
 	}
@@ -168,4 +173,15 @@ func kubeScript() string {
 func (c *Cluster) Exec(ctx context.Context, pod string, argv ...string) ([]byte, error) {
 	args := append([]string{"--kubeconfig", c.Kubeconfig, "-n", c.Namespace, "exec", pod, "-c", "sandbox", "--"}, argv...)
 	return exec.CommandContext(ctx, filepath.Join(Root, "bin", "kubectl"), args...).CombinedOutput()
+}
+
+// Suffix is the tag suffix of the images Image provides
+// (kube.Config.ImageSuffix).
+func Suffix(t testing.TB) string {
+	t.Helper()
+	s, err := image.ExecutorSuffix(testenv.New(t).Executor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
