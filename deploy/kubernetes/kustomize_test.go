@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -188,7 +189,7 @@ func checkCommon(t *testing.T, objs []object) {
 	var d appsv1.Deployment
 	mustFind(t, objs, "Deployment", controlNS, "sbx").decode(t, &d)
 	if d.Spec.Replicas == nil || *d.Spec.Replicas < 2 {
-		t.Errorf("Deployment sbx: replicas %v, want 2 or more", d.Spec.Replicas)
+		t.Errorf("Deployment sbx: replicas %v, want 2 or more", ptrString(d.Spec.Replicas))
 	}
 	if d.Spec.Template.Spec.ServiceAccountName != "sbx" {
 		t.Errorf("Deployment sbx: service account %q", d.Spec.Template.Spec.ServiceAccountName)
@@ -408,4 +409,11 @@ func TestImagesAreProvided(t *testing.T) {
 			t.Errorf("scripts/kube-images.sh does not build %s", img)
 		}
 	}
+}
+
+func ptrString(p *int32) string {
+	if p == nil {
+		return "unset"
+	}
+	return strconv.Itoa(int(*p))
 }
