@@ -125,14 +125,10 @@ func (d *Dirs) Wait() { d.wg.Wait() }
 
 // dir is the directory of the volume called name, which need not exist.
 func (d *Dirs) dir(name string) (string, error) {
-	if len(name) > maxVolumeName {
-		return "", fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	if err := CheckVolume(name); err != nil {
+		return "", err
 	}
-	owner, id, ok := strings.Cut(name, "/")
-	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
-		return "", fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
-	}
-	return filepath.Join(d.root, owner, id), nil
+	return filepath.Join(d.root, name), nil
 }
 
 // Create makes the volume a new, empty workspace limited to diskMB. The

@@ -38,6 +38,8 @@ import (
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // Config configures the runtime.
@@ -175,10 +177,14 @@ func (r *Runtime) image(ref string) string {
 // answers: a Running Pod is not yet a sandbox.
 func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (info *runtime.Info, err error) {
 	if !validID(spec.ID) {
-		return nil, fmt.Errorf("sandbox id %q: want [a-zA-Z0-9][a-zA-Z0-9_-]{0,63}: %w", spec.ID, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("sandbox id %s: want [a-zA-Z0-9][a-zA-Z0-9_-]{0,63}: %w", quote(spec.ID), errdefs.ErrInvalidArgument)
 	}
-	if spec.Image == "" || len(spec.Image) > 255 {
-		return nil, fmt.Errorf("sandbox %s: image %q: %w", spec.ID, spec.Image, errdefs.ErrInvalidArgument)
+	// A template build, by its full hash: nothing else is an image here.
+	if _, err := template.ParseImageRef(spec.Image); err != nil {
+		return nil, fmt.Errorf("sandbox %s: image %s: %w", spec.ID, quote(spec.Image), errdefs.ErrInvalidArgument)
+	}
+	if err := workspace.CheckVolume(spec.Volume); err != nil {
+		return nil, fmt.Errorf("sandbox %s: volume %s: %w", spec.ID, quote(spec.Volume), errdefs.ErrInvalidArgument)
 	}
 	if spec.Network {
 		return nil, fmt.Errorf("sandbox %s: network access is not supported: %w", spec.ID, errdefs.ErrInvalidArgument)
@@ -326,7 +332,7 @@ func (r *Runtime) addr(ctx context.Context, id string) (string, error) {
 // the connection with the control plane's credential for that sandbox.
 func (r *Runtime) Dial(ctx context.Context, id string) (net.Conn, error) {
 	if !validID(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("sandbox %s: %w", quote(id), errdefs.ErrNotFound)
 	}
 	addr, err := r.addr(ctx, id)
 	if err != nil {
@@ -346,7 +352,7 @@ func (r *Runtime) Dial(ctx context.Context, id string) (net.Conn, error) {
 // nothing runs in it again (restartPolicy Never).
 func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if !validID(id) {
-		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("sandbox %s: %w", quote(id), errdefs.ErrNotFound)
 	}
 	patch := []byte(`{"metadata":{"annotations":{"` + annotationStopped + `":"true"}},"spec":{"activeDeadlineSeconds":1}}`)
 	_, err := r.pods().Patch(ctx, podName(id), types.StrategicMergePatchType, patch, metav1.PatchOptions{})
@@ -365,7 +371,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 // waits until it is gone, so that its name is free again.
 func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if !validID(id) {
-		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+		return nil // nothing by that name can exist
 	}
 	return r.remove(ctx, id, podName(id))
 }
@@ -420,7 +426,7 @@ func (r *Runtime) forget(id string) {
 // Inspect reports one sandbox, as the API server has it now.
 func (r *Runtime) Inspect(ctx context.Context, id string) (*runtime.Info, error) {
 	if !validID(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("sandbox %s: %w", quote(id), errdefs.ErrNotFound)
 	}
 	pod, err := r.pods().Get(ctx, podName(id), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -457,6 +463,15 @@ func (r *Runtime) List(ctx context.Context) ([]runtime.Info, error) {
 		}
 		opts.Continue = list.Continue
 	}
+}
+
+// quote quotes a name for an error, cut short: a caller's 64 KiB name
+// is not repeated back.
+func quote(s string) string {
+	if len(s) > 80 {
+		return strconv.Quote(s[:80]) + "..."
+	}
+	return strconv.Quote(s)
 }
 
 // apiErr maps the API server's refusals onto errdefs, keeping its words.

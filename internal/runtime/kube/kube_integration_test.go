@@ -10,10 +10,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/testenv/kubetest"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -48,9 +50,21 @@ func TestKubernetes(t *testing.T) {
 	img := kubetest.Image(t, "python")
 	signer := newSigner(t)
 	rt := newRuntime(t, c, signer)
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := rt.Volumes(snapshot.New(blobs, "snapshots", snapshot.Limits{}), 0)
 	var vols atomic.Int64
 	runtimetest.Run(t, runtimetest.Harness{
-		Runtime: rt,
+		Runtime:    rt,
+		Checkpoint: volumes.Checkpoint,
+		// A Pod has eth0 (egress closed by the NetworkPolicy), shares one
+		// PID namespace among its executions and holds Pod Security's
+		// baseline capabilities (docs/SECURITY.md, "In a Pod").
+		PodNetwork:      true,
+		SharedProcesses: true,
+		ExecutorCaps:    1 << 5, // KILL
 		Reopen:  func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
 		Image:   img,
 		NewVolume: func(t testing.TB) string {
