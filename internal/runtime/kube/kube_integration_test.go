@@ -65,8 +65,8 @@ func TestKubernetes(t *testing.T) {
 		PodNetwork:      true,
 		SharedProcesses: true,
 		ExecutorCaps:    1 << 5, // KILL
-		Reopen:  func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
-		Image:   img,
+		Reopen:          func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
+		Image:           img,
 		NewVolume: func(t testing.TB) string {
 			return workspace.SessionVolume("rtt", fmt.Sprintf("v%d-%d", os.Getpid(), vols.Add(1)))
 		},
