@@ -292,6 +292,19 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, alone := st.(*sqlite.Store); !alone {
+		// Replicas of a shared store need not share a data directory:
+		// the deployment's instance and signing key are the store's.
+		if key, err = shared(ctx, st, "signing-key", key); err == nil {
+			var b []byte
+			b, err = shared(ctx, st, "instance-id", []byte(instance))
+			instance = string(b)
+		}
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	blobs, err := openBlobs(ctx, cfg.Blob, cfg.DataDir)
 	if err != nil {
 		st.Close()
@@ -301,7 +314,12 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
 	templates := template.NewStore(cfg.TemplateDir)
-	templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	if cfg.Kubernetes == nil {
+		// A server whose sandboxes are Pods has no OCI runtime to build
+		// in: its templates are built elsewhere and their images provided
+		// (sbx image push; docs/kubernetes.md), and a build is refused.
+		templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	}
 	// A sandbox's image is a template build of the store, its volume a
 	// workspace under DATA/workspaces: what the runtime resolves them to.
 	volumes := workspace.Volumes(filepath.Join(cfg.DataDir, "workspaces"))
