@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"github.com/sbx-sandbox/sbx/internal/image"
 	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
@@ -15,9 +16,13 @@ type Kubernetes struct {
 	// Kubeconfig is the cluster's kubeconfig file; empty: the cluster sbx
 	// runs in (its Pod's service account).
 	Kubeconfig string
-	// Namespace is where sandbox Pods go, and the Secret of the executors'
-	// signing key (kube.KeySecret). Default sbx-sandboxes.
+	// Namespace is where sandbox Pods go. Default sbx-sandboxes.
 	Namespace string
+	// KeyNamespace holds the Secret of the executors' signing key
+	// (kube.KeySecret): the control plane's own namespace, where no
+	// sandbox is. Default: POD_NAMESPACE (the downward API's, in the
+	// cluster), else Namespace.
+	KeyNamespace string
 	// Registry prefixes template images (kube.Config.Registry); empty:
 	// images provided on the nodes.
 	Registry string
@@ -45,7 +50,13 @@ func openKubernetes(ctx context.Context, k Kubernetes, executor string, log *slo
 	if err != nil {
 		return nil, err
 	}
-	signer, err := kube.LoadSigner(ctx, client, k.Namespace)
+	if k.KeyNamespace == "" {
+		k.KeyNamespace = os.Getenv("POD_NAMESPACE")
+	}
+	if k.KeyNamespace == "" {
+		k.KeyNamespace = k.Namespace
+	}
+	signer, err := kube.LoadSigner(ctx, client, k.KeyNamespace)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: the executors' signing key: %w", err)
 	}

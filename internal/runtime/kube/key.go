@@ -12,11 +12,12 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 )
 
-// KeySecret is the Secret, in the sandbox namespace, that holds the key
-// every replica signs executor tokens with (internal/executor/token). The
-// first replica to start makes it; the others read it. No sandbox Pod
-// can: they have no service-account token, and the executors are given
-// only the public half.
+// KeySecret is the Secret, in the control plane's namespace, that holds
+// the key every replica signs executor tokens with
+// (internal/executor/token). The first replica to start makes it; the
+// others read it. No sandbox Pod can: they run in another namespace with
+// no service-account token, and the executors are given only the public
+// half.
 const (
 	KeySecret    = "sbx-executor-key"
 	keySecretKey = "private-key"
