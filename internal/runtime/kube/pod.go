@@ -8,7 +8,6 @@ import (
 	"maps"
 	"strconv"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -306,9 +305,6 @@ func podMessage(pod *corev1.Pod) string {
 	}
 	return strings.TrimSpace(msg)
 }
-
-// age is how long ago t was, for logs.
-func age(t metav1.Time) time.Duration { return time.Since(t.Time).Round(time.Millisecond) }
 
 // SandboxUID is the user code runs as in a sandbox Pod, and the owner of
 // its workspace's files.
