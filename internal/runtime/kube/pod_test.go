@@ -1,6 +1,7 @@
 package kube
 
 import (
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -171,5 +172,45 @@ func TestLoadSigner(t *testing.T) {
 	}
 	if !a.PublicKey().Equal(b.PublicKey()) {
 		t.Fatal("a second replica made a key of its own")
+	}
+}
+
+// TestCheckpointsOfAVolumeSerialise: a volume's checkpoints in one
+// process run one at a time, others' alongside, and nothing is kept of a
+// volume none waits on.
+func TestCheckpointsOfAVolumeSerialise(t *testing.T) {
+	v := &Volumes{saving: map[string]*saving{}}
+	done := v.serialise("t/a")
+	other := v.serialise("t/b") // another volume: not held up
+	got := make(chan struct{})
+	go func() {
+		defer close(got)
+		v.serialise("t/a")()
+	}()
+	for waiting := false; !waiting; {
+		v.mu.Lock()
+		waiting = v.saving["t/a"].waiters == 2
+		v.mu.Unlock()
+		goruntime.Gosched()
+	}
+	select {
+	case <-got:
+		t.Fatal("a second checkpoint of one volume ran alongside the first")
+	default:
+	}
+	done()
+	<-got
+	other()
+	if len(v.saving) != 0 {
+		t.Errorf("kept %d volumes' entries", len(v.saving))
+	}
+}
+
+func TestArchiveBound(t *testing.T) {
+	if b := archiveBound(100); b < 100<<20 || b > 200<<20 {
+		t.Errorf("archiveBound(100 MiB) = %d", b)
+	}
+	if archiveBound(0) != archiveBound(runtime.DefaultResources.DiskMB) {
+		t.Error("no disk: not the default's bound")
 	}
 }

@@ -51,8 +51,16 @@ type Volumes struct {
 	snaps      *snapshot.Store
 	maxArchive int64
 
-	mu   sync.Mutex
-	last map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+	mu     sync.Mutex
+	last   map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+	saving map[string]*saving            // volume -> its checkpoint in progress here
+}
+
+// saving serialises one volume's checkpoints in this process: two at
+// once could end in the wrong order, the older tree last.
+type saving struct {
+	mu      sync.Mutex
+	waiters int
 }
 
 var (
@@ -63,7 +71,7 @@ var (
 // Volumes returns the runtime's workspace store, checkpointing into
 // snaps. maxArchive bounds an archive an executor sends.
 func (r *Runtime) Volumes(snaps *snapshot.Store, maxArchive int64) *Volumes {
-	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}}
+	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}, saving: map[string]*saving{}}
 	r.mu.Lock()
 	r.volumes = v
 	r.mu.Unlock()
@@ -72,23 +80,47 @@ func (r *Runtime) Volumes(snaps *snapshot.Store, maxArchive int64) *Volumes {
 
 // holder is the running sandbox whose Pod holds volume name, "" if none.
 func (v *Volumes) holder(ctx context.Context, name string) (string, error) {
+	info, err := v.holderInfo(ctx, name)
+	if err != nil || info == nil {
+		return "", err
+	}
+	return info.ID, nil
+}
+
+func (v *Volumes) holderInfo(ctx context.Context, name string) (*runtime.Info, error) {
 	list, err := v.rt.pods().List(ctx, metav1.ListOptions{LabelSelector: labelVolume + "=" + volumeLabel(name)})
 	if err != nil {
-		return "", fmt.Errorf("volume %s: %w", name, apiErr(err))
+		return nil, fmt.Errorf("volume %s: %w", name, apiErr(err))
 	}
 	for i := range list.Items {
 		p := &list.Items[i]
 		if info, ok := v.rt.info(p); ok && info.Volume == name && info.State == runtime.StateRunning {
-			return info.ID, nil
+			return &info, nil
 		}
 	}
-	return "", nil
+	return nil, nil
 }
 
-// client is a workspace client of sandbox id's executor.
-func (v *Volumes) client(id string) (*execclient.Client, *execclient.Workspace) {
+// archiveBound is the most an archive of a workspace limited to diskMB
+// may hold: the files the limit lets it have, and room for the archive's
+// own headers. What a sandbox sends past it is cut off: a sandbox cannot
+// fill the blob store through its checkpoints.
+func archiveBound(diskMB int64) int64 {
+	if diskMB <= 0 {
+		diskMB = runtime.DefaultResources.DiskMB
+	}
+	return diskMB<<20 + diskMB<<18 + 64<<20
+}
+
+// client is a workspace client of sandbox id's executor, whose archives
+// are bounded by the volume's disk limit (and by maxArchive, if lower).
+func (v *Volumes) client(id string, diskMB int64) (*execclient.Client, *execclient.Workspace) {
 	c := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return v.rt.Dial(ctx, id) })
-	return c, execclient.NewWorkspace(c, v.maxArchive)
+	limit := archiveBound(diskMB)
+	if v.maxArchive > 0 {
+		limit = min(limit, v.maxArchive)
+	}
+	return c, execclient.NewWorkspace(c, limit)
 }
 
 // Create makes name a new, empty workspace: no checkpoint. Its Pod, when
@@ -101,14 +133,14 @@ func (v *Volumes) Create(ctx context.Context, name string, diskMB int64) error {
 // Open opens the workspace of the running sandbox that holds it;
 // ErrUnavailable if none does.
 func (v *Volumes) Open(ctx context.Context, name string) (workspace.Workspace, error) {
-	id, err := v.holder(ctx, name)
+	info, err := v.holderInfo(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	if id == "" {
+	if info == nil {
 		return nil, fmt.Errorf("workspace %s: no running sandbox holds it: %w", name, errdefs.ErrUnavailable)
 	}
-	c, ws := v.client(id)
+	c, ws := v.client(info.ID, info.Resources.DiskMB)
 	return closingWorkspace{ws, c}, nil
 }
 
@@ -139,11 +171,11 @@ func (v *Volumes) Exists(ctx context.Context, name string) (bool, error) {
 // Save saves the workspace under key: its live tree if a Pod holds it,
 // else its checkpoint.
 func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
-	id, err := v.holder(ctx, name)
+	info, err := v.holderInfo(ctx, name)
 	if err != nil {
 		return nil, snapshot.Stats{}, err
 	}
-	if id == "" {
+	if info == nil {
 		if err := v.snaps.Copy(ctx, checkpointKey(name), key); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
 				return nil, snapshot.Stats{}, fmt.Errorf("workspace %s: not held by a sandbox and never saved: %w", name, errdefs.ErrNotFound)
@@ -153,12 +185,12 @@ func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Man
 		mf, err := v.snaps.Load(ctx, key)
 		return mf, snapshot.Stats{}, err
 	}
-	return v.export(ctx, id, key, prev)
+	return v.export(ctx, info, key, prev)
 }
 
-// export saves sandbox id's workspace under key.
-func (v *Volumes) export(ctx context.Context, id, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
-	c, ws := v.client(id)
+// export saves the workspace of the sandbox info says under key.
+func (v *Volumes) export(ctx context.Context, info *runtime.Info, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	c, ws := v.client(info.ID, info.Resources.DiskMB)
 	defer c.Close()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -177,7 +209,7 @@ func (v *Volumes) export(ctx context.Context, id, key string, prev *snapshot.Man
 
 // importInto makes the tree saved at key sandbox id's workspace.
 func (v *Volumes) importInto(ctx context.Context, id, key string) error {
-	c, ws := v.client(id)
+	c, ws := v.client(id, 0) // an import sends, and takes no archive
 	defer c.Close()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
@@ -250,14 +282,15 @@ func (v *Volumes) Wait() {}
 // the last one this process saved where files are unchanged. Without a
 // Pod holding it there is nothing newer than the checkpoint.
 func (v *Volumes) Checkpoint(ctx context.Context, name string) error {
-	id, err := v.holder(ctx, name)
-	if err != nil || id == "" {
+	defer v.serialise(name)()
+	info, err := v.holderInfo(ctx, name)
+	if err != nil || info == nil {
 		return err
 	}
 	v.mu.Lock()
 	prev := v.last[name]
 	v.mu.Unlock()
-	mf, _, err := v.export(ctx, id, checkpointKey(name), prev)
+	mf, _, err := v.export(ctx, info, checkpointKey(name), prev)
 	if err != nil {
 		return fmt.Errorf("workspace %s: checkpoint: %w", name, err)
 	}
@@ -265,6 +298,28 @@ func (v *Volumes) Checkpoint(ctx context.Context, name string) error {
 	v.last[name] = mf
 	v.mu.Unlock()
 	return nil
+}
+
+// serialise waits for the volume's checkpoint in progress here, if any,
+// and returns what ends this one.
+func (v *Volumes) serialise(name string) (done func()) {
+	v.mu.Lock()
+	sv := v.saving[name]
+	if sv == nil {
+		sv = &saving{}
+		v.saving[name] = sv
+	}
+	sv.waiters++
+	v.mu.Unlock()
+	sv.mu.Lock()
+	return func() {
+		sv.mu.Unlock()
+		v.mu.Lock()
+		if sv.waiters--; sv.waiters == 0 {
+			delete(v.saving, name)
+		}
+		v.mu.Unlock()
+	}
 }
 
 func (v *Volumes) forget(name string) {
