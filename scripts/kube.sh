@@ -527,8 +527,10 @@ cmd_up() {
 	start kube-router "$ROUTER_BIN" --kubeconfig "$ETC/kube-router.kubeconfig" \
 		--hostname-override "$node" --run-firewall=true --run-router=false \
 		--run-service-proxy=false --enable-cni=false --enable-ipv6=false \
-		--service-cluster-ip-range "$SERVICE_CIDR" --health-port 20244 --metrics-port 0
-	wait_for kube-router 60 curl -sf http://127.0.0.1:20244/healthz
+		--service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+	# Its health port would listen on every interface: off; ready is when
+	# its chains are in place.
+	wait_for kube-router 60 iptables -S KUBE-ROUTER-FORWARD
 	start volumes "$REPO/scripts/kube.sh" volumes-loop
 	make_volumes
 	start_dns

@@ -6,6 +6,7 @@
 //	probe serve PORT...  accept on each port, answer "probe HOSTNAME PORT"
 //	probe dial ADDR      exit 0 when a TCP connection to ADDR opens within 3 s
 //	probe lookup NAME    print NAME's addresses (the Pod's resolv.conf)
+//	probe write FILE     create FILE (a volume's write check)
 //	probe api            GET /api through the kubernetes Service with the
 //	                     Pod's service-account token; print the status code
 package main
@@ -51,6 +52,11 @@ func main() {
 			fail(err.Error())
 		}
 		fmt.Println(strings.Join(addrs, " "))
+	case "write":
+		need(arg, 1)
+		if err := os.WriteFile(arg[0], []byte("probe\n"), 0o600); err != nil {
+			fail(err.Error())
+		}
 	case "api":
 		api(ctx)
 	default:
