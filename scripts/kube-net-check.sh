@@ -31,7 +31,7 @@ cleanup() {
 	k -n sbx delete pod nc-sbx nc-postgres nc-other nc-volume --ignore-not-found --wait=false >/dev/null 2>&1 || true
 	k -n sbx delete service nc-sbx nc-postgres --ignore-not-found >/dev/null 2>&1 || true
 	k -n sbx delete pvc nc-volume --ignore-not-found --wait=false >/dev/null 2>&1 || true
-	if $made_sbx; then k delete namespace sbx --ignore-not-found --wait=false >/dev/null 2>&1 || true; fi
+	if $made_sbx; then k delete namespace sbx --ignore-not-found --timeout=120s >/dev/null 2>&1 || true; fi
 }
 trap cleanup EXIT
 
@@ -184,7 +184,7 @@ k -n sbx apply -f - >/dev/null <<-END
 	  - name: probe
 	    image: $IMAGE
 	    imagePullPolicy: Never
-	    args: [serve, "1"]
+	    args: [serve, "8080"]
 	    volumeMounts: [{name: data, mountPath: /data}]
 	  volumes:
 	  - name: data
