@@ -52,7 +52,7 @@ image() {
 	local tar=$OUT/$name.tar
 	changed=false
 	if [ ! -f "$tar" ] || [ "$(cat "$tar.key" 2>/dev/null)" != "$key" ]; then
-		log "building $ref"
+		log "building ${ref/#-/$name}"
 		rm -f "$tar.key"
 		"$@" "$tar.tmp" >&2
 		mv "$tar.tmp" "$tar"
