@@ -7,8 +7,10 @@
 #   scripts/kube-images.sh [--no-import]
 #
 # Images (docs/deploy-kubernetes.md):
-#   sbx/NAME:HASH     each template of SBX_KUBE_TEMPLATES (default python),
-#                     built on the host first if missing
+#   sbx/NAME:HASH-xEXEC  each template of SBX_KUBE_TEMPLATES (default
+#                     python), built on the host first if missing; EXEC is
+#                     the start of bin/sbx-executor's sha256, the executor
+#                     sbx/sbx:dev carries, so the control plane finds it
 #   sbx/sbx:dev       sbx, sbx-executor, CA certificates and the template
 #                     catalogue (build metadata without rootfs)
 #   sbx/postgres:dev  PostgreSQL from Debian's packages (a template build)
@@ -27,7 +29,6 @@ TEMPLATES=${SBX_KUBE_TEMPLATES:-python}
 DATA=${SBX_DATA_DIR:-/var/lib/sbx}
 MINIO=${SBX_MINIO:-/usr/local/lib/sbx-test/minio}
 KUBE_ROOT=${SBX_KUBE_ROOT:-/var/lib/sbx-kube}
-CTR_SOCK=${SBX_KUBE_CTR_SOCK:-/run/sbx-kube/containerd/containerd.sock}
 TAG=dev
 import=true
 [ "${1:-}" = --no-import ] && import=false
@@ -39,32 +40,28 @@ die() {
 }
 sha() { sha256sum "$@" | awk '{ print $1 }' | sha256sum | cut -c1-64; }
 
-# import_image puts a tarball into the node's containerd: scripts/kube.sh
-# import when this branch has it, ctr on the node's socket otherwise.
-import_image() {
-	if [ -x scripts/kube.sh ] && grep -q '^cmd_import()' scripts/kube.sh; then
-		scripts/kube.sh import "$1"
-	else
-		ctr --address "$CTR_SOCK" -n k8s.io images import "$1" >/dev/null
-	fi
-}
+import_image() { scripts/kube.sh import "$1"; }
 
 # image KEY NAME REF BUILD...: builds REF into $OUT/NAME.tar with the
 # command BUILD... (which gets the output path last) unless the tarball
 # was built from KEY already, then imports it. Sets changed=true when it
-# built.
+# built. REF "-": the build names the image; read it from the tarball.
 image() {
 	local key=$1 name=$2 ref=$3
 	shift 3
 	local tar=$OUT/$name.tar
 	changed=false
 	if [ ! -f "$tar" ] || [ "$(cat "$tar.key" 2>/dev/null)" != "$key" ]; then
-		log "building $ref"
+		log "building ${ref/#-/$name}"
 		rm -f "$tar.key"
 		"$@" "$tar.tmp" >&2
 		mv "$tar.tmp" "$tar"
 		echo "$key" >"$tar.key"
 		changed=true
+	fi
+	if [ "$ref" = - ]; then
+		ref=$(tar -xOf "$tar" manifest.json | jq -r '.[0].RepoTags[0]')
+		[[ $ref == sbx/* ]] || die "$tar: no sbx/ tag in its manifest"
 	fi
 	if $import; then
 		import_image "$tar"
@@ -100,8 +97,10 @@ chmod 1777 "$catalogue/root/tmp"
 for t in $TEMPLATES; do
 	hash=$(template_hash "$t")
 	[[ $hash =~ ^[0-9a-f]{64}$ ]] || die "template $t: no build hash in the build's output"
-	image "$hash-$exe_key" "template-$t" "sbx/$t:$hash" \
-		bin/sbx image build --data-dir "$DATA" --template "$t:$hash" --tag "sbx/$t:$hash" -o
+	# No --tag: the build names it sbx/NAME:HASH-xEXEC from the executor
+	# beside bin/sbx, the one that goes into sbx/sbx:dev below.
+	image "$hash-$exe_key" "template-$t" - \
+		bin/sbx image build --data-dir "$DATA" --executor bin/sbx-executor --template "$t:$hash" -o
 	src=$DATA/templates/builds/$hash
 	dst=$catalogue/root/usr/share/sbx/templates/builds/$hash
 	mkdir -p "$dst"

@@ -38,21 +38,24 @@ traces() {
 		command -v ip6tables >/dev/null && ip6tables -t $t -S 2>/dev/null | grep -E 'KUBE-|CNI-' | sed "s/^/ip6tables $t: /" || true
 	done
 	ip -o link show | awk -F': ' '{print "link: " $2}' | grep -E 'sbxkube|cni|veth' || true
+	command -v ipset >/dev/null && { ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' | sed 's/^/ipset: /' || true; }
+	ip -4 addr show 2>/dev/null | grep -E 'inet 10\.244\.0\.1/' | sed 's/^/address: /' || true
 	awk '{print "mount: " $5}' /proc/self/mountinfo | grep -E '/var/lib/kubelet|/var/lib/sbx-kube|/run/sbx-kube|/run/netns/cni-|/var/lib/cni' || true
 	find /sys/fs/cgroup -maxdepth 3 -type d \( -name 'kubepods*' -o -name 'burstable' -o -name 'besteffort' \) 2>/dev/null | sed 's/^/cgroup: /'
 	for t in /var/lib/kubelet /var/log/pods /var/log/containers /var/lib/cni /run/sbx-kube \
-		$ROOT/containerd $ROOT/etcd $ROOT/pki $ROOT/kubeconfig $ROOT/pids /opt/containerd /opt/cni \
+		$ROOT/containerd $ROOT/etcd $ROOT/pki $ROOT/kubeconfig $ROOT/pids $ROOT/volumes /opt/containerd /opt/cni \
 		/etc/kubernetes /etc/cni /var/lib/containerd /run/containerd /var/lib/etcd; do
 		[ -e "$t" ] && echo "path: $t"
 	done
 	for t in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops \
-		kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward; do
+		kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward \
+		net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables net.netfilter.nf_conntrack_max; do
 		echo "sysctl: $t=$(sysctl -n $t)"
 	done
 	# Processes whose command line names the cluster's directories.
 	local p
 	for p in /proc/[0-9]*; do
-		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qE '/var/lib/sbx-kube|/run/sbx-kube' &&
+		{ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qE '/var/lib/sbx-kube|/run/sbx-kube|kube.sh volumes-loop' &&
 			echo "process: $({ tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | cut -c1-80)"
 	done
 	return 0
@@ -64,10 +67,10 @@ trap 'rm -f "$before" "$after"' EXIT
 traces | sort >"$before"
 
 start=$SECONDS
-$KUBE up
+SBX_KUBE_NO_IMAGES=1 $KUBE up
 say "up took $((SECONDS - start)) s"
 pids=$(cat $ROOT/pids/*.pid | sort | tr '\n' ' ')
-$KUBE up
+SBX_KUBE_NO_IMAGES=1 $KUBE up
 [ "$(cat $ROOT/pids/*.pid | sort | tr '\n' ' ')" = "$pids" ] || fail "a second up restarted processes"
 $KUBE status >/dev/null || fail "status is not 0 after up"
 [ "$(stat -c %a $ROOT/kubeconfig)" = 600 ] || fail "the admin kubeconfig is readable by others"
@@ -105,6 +108,11 @@ ip=$($KUBECTL --kubeconfig $ROOT/kubeconfig -n $NS get pod hello -o jsonpath='{.
 got=$(curl -sS --max-time 10 "http://$ip:8080/") || fail "the host cannot reach the Pod at $ip:8080"
 [ "$got" = "hello from hello" ] || fail "the Pod answered '$got'"
 say "host reached the Pod at $ip:8080"
+
+# The network a deployment needs (scripts/kube-net-check.sh): Services,
+# DNS, the API server from a Pod, and the NetworkPolicies enforced.
+scripts/kube-net-check.sh
+
 # The node's default namespace is left alone: nothing of the test in it.
 [ -z "$($KUBECTL --kubeconfig $ROOT/kubeconfig -n default get pods -o name)" ] || fail "Pods left in default"
 

@@ -20,6 +20,14 @@ K8S_VERSION=v1.34.4
 # Staging modules (k8s.io/api, client-go, ...) are tagged v0.MINOR.PATCH.
 K8S_STAGING_VERSION=v0.34.4
 ETCD_VERSION=v3.6.4
+# The add-ons, each built with `go install MODULE@VERSION` and cached by
+# version: kube-router only as the NetworkPolicy controller (the one engine
+# the module proxy serves that works with this kernel's iptables and
+# ipset; the nftables ones need NFT_QUEUE), CoreDNS as the cluster DNS.
+KUBE_ROUTER_VERSION=v2.1.0
+COREDNS_VERSION=v1.14.7
+ROUTER_BIN=/var/lib/sbx-kube/bin/kube-router-$KUBE_ROUTER_VERSION/kube-router
+DNS_BIN=/var/lib/sbx-kube/bin/coredns-$COREDNS_VERSION/coredns
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 
 ROOT=/var/lib/sbx-kube
@@ -33,17 +41,35 @@ CTR_SOCK=$RUN/containerd/containerd.sock
 KUBECONFIG_ADMIN=$ROOT/kubeconfig
 BRIDGE=sbxkube0
 POD_CIDR=10.244.0.0/24
+# The bridge's own address, the Pods' gateway: the API server listens
+# there (not on loopback, which Pods cannot reach; not on the host's
+# other interfaces), so the kubernetes Service (10.0.0.1) leads to it.
+GATEWAY=10.244.0.1
 SERVICE_CIDR=10.0.0.0/24
-API=https://127.0.0.1:6443
+DNS_IP=10.0.0.10
+API=https://$GATEWAY:6443
+# Pids per Pod: a fork bomb in a sandbox stops there. The kernel's
+# pid_max here is 32768; 1024 leaves room for the busiest legitimate Pod
+# (PostgreSQL's hundred-odd backends, a build with its compilers) and
+# lets no single Pod take more than a thirty-second of the node.
+POD_PIDS_LIMIT=1024
+# Static PersistentVolumes of the default StorageClass: directories
+# under $VOLUMES, owned by the uid the manifests' stores run as.
+STORAGE_CLASS=sbx-local
+VOLUMES=$ROOT/volumes
+VOLUME_COUNT=4
+VOLUME_SIZE=50Gi
+VOLUME_UID=1000
 SANDBOX_NAMESPACE=sbx-sandboxes
 # The kernel settings the kubelet (setupKernelTunables) and the CNI bridge
 # plugin (isGateway turns on forwarding) change; up saves them, down puts
 # them back.
 SYSCTLS=(vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops
-	kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward)
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
+	kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward
+	net.ipv4.conf.all.route_localnet net.bridge.bridge-nf-call-iptables net.netfilter.nf_conntrack_max)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 # Start order; down stops them in reverse.
-DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet)
+DAEMONS=(etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy kube-router volumes)
 
 export PATH=$PATH:/usr/local/go/bin:/usr/sbin:/sbin
 
@@ -59,7 +85,7 @@ die() {
 node_name() { hostname | tr '[:upper:]' '[:lower:]'; }
 
 install_packages() {
-	local pkgs=(containerd containernetworking-plugins openssl) missing=() p
+	local pkgs=(containerd containernetworking-plugins openssl iptables ipset) missing=() p
 	for p in "${pkgs[@]}"; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 	done
@@ -127,6 +153,7 @@ build_binaries() {
 				_ "go.etcd.io/etcd/server/v3"
 				_ "k8s.io/kubernetes/cmd/kube-apiserver"
 				_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+				_ "k8s.io/kubernetes/cmd/kube-proxy"
 				_ "k8s.io/kubernetes/cmd/kube-scheduler"
 				_ "k8s.io/kubernetes/cmd/kubectl"
 				_ "k8s.io/kubernetes/cmd/kubelet"
@@ -147,7 +174,8 @@ build_binaries() {
 			# Static binaries, nice: the machine's two cores are shared.
 			CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "$ld" -o "$BIN.tmp/" \
 				k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-				k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet
+				k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl k8s.io/kubernetes/cmd/kubelet \
+				k8s.io/kubernetes/cmd/kube-proxy
 			CGO_ENABLED=0 nice -n 10 go build -trimpath -ldflags "-s -w" -o "$BIN.tmp/etcd" go.etcd.io/etcd/server/v3
 		)
 		rm -rf "$BIN"
@@ -155,6 +183,29 @@ build_binaries() {
 		log "built in $((SECONDS - start)) s"
 	fi
 	ln -sfn "$BIN/kubectl" "$ROOT/bin/kubectl"
+	build_addon kube-router "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router@$KUBE_ROUTER_VERSION"
+	build_addon coredns "github.com/coredns/coredns@$COREDNS_VERSION"
+}
+
+# build_addon NAME PKG@VERSION: go install into $ROOT/bin/NAME-VERSION,
+# once per version.
+build_addon() {
+	local name=$1 pkg=$2 dir
+	dir=$ROOT/bin/$name-${pkg##*@}
+	[ -x "$dir/$name" ] && return
+	local start=$SECONDS
+	log "building $pkg from the Go module proxy"
+	rm -rf "$dir.tmp"
+	mkdir -p "$dir.tmp"
+	(
+		export GOCACHE=$ROOT/cache/go-build GOMODCACHE=$ROOT/cache/mod GOFLAGS= GOTOOLCHAIN=local
+		cd "$dir.tmp"
+		CGO_ENABLED=0 GOBIN=$dir.tmp nice -n 10 go install -trimpath -ldflags "-s -w" "$pkg"
+	)
+	[ -x "$dir.tmp/$name" ] || die "building $pkg made no $name"
+	rm -rf "$dir"
+	mv "$dir.tmp" "$dir"
+	log "built $name in $((SECONDS - start)) s"
 }
 
 # make_image writes a docker-archive tarball (what `docker save` writes:
@@ -191,7 +242,10 @@ build_go_image() {
 }
 
 write_pki() {
-	[ -f "$PKI/done" ] && return
+	# The marker names what the certificates were made for: a change of
+	# addresses or components makes them again.
+	local want="v2 $GATEWAY"
+	[ "$(cat "$PKI/done" 2>/dev/null)" = "$want" ] && return
 	rm -rf "$PKI"
 	mkdir -p "$PKI"
 	chmod 700 "$PKI"
@@ -215,15 +269,17 @@ write_pki() {
 			rm -f "$1.csr" "$ext"
 		}
 		sign apiserver /CN=kube-apiserver \
-			"IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+			"IP:$GATEWAY,IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
 		sign admin "/O=system:masters/CN=sbx-kube-admin"
 		sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
 		sign controller-manager /CN=system:kube-controller-manager
 		sign scheduler /CN=system:kube-scheduler
+		sign kube-proxy /CN=system:kube-proxy
+		sign kube-router /CN=system:kube-router
 		sign kubelet "/O=system:nodes/CN=system:node:$node" "DNS:$node,IP:127.0.0.1"
 		openssl genrsa -out sa.key 2048 2>/dev/null
 		openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
-		touch done
+		echo "$want" >done
 	)
 }
 
@@ -261,6 +317,8 @@ write_config() {
 	kubeconfig controller-manager "$ETC/controller-manager.kubeconfig"
 	kubeconfig scheduler "$ETC/scheduler.kubeconfig"
 	kubeconfig kubelet "$ETC/kubelet.kubeconfig"
+	kubeconfig kube-proxy "$ETC/kube-proxy.kubeconfig"
+	kubeconfig kube-router "$ETC/kube-router.kubeconfig"
 	# restrict_oom_score_adj: root here may lack CAP_SYS_RESOURCE, and a
 	# negative oom_score_adj then fails every container ("can't get final
 	# child's PID from pipe"). The opt plugin's path and the disabled
@@ -350,7 +408,9 @@ write_config() {
 		imageGCLowThresholdPercent: 99
 		serializeImagePulls: false
 		resolvConf: /etc/resolv.conf
-		podPidsLimit: 4096
+		clusterDNS: [$DNS_IP]
+		clusterDomain: cluster.local
+		podPidsLimit: $POD_PIDS_LIMIT
 	EOF
 }
 
@@ -408,6 +468,7 @@ cmd_up() {
 	write_config
 	local node
 	node=$(node_name)
+	ensure_bridge
 
 	start etcd "$BIN/etcd" --name sbx-kube --data-dir "$ROOT/etcd" \
 		--listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -416,7 +477,7 @@ cmd_up() {
 	wait_for etcd 60 curl -sf http://127.0.0.1:2381/health
 
 	start kube-apiserver "$BIN/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
-		--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port 6443 \
+		--bind-address "$GATEWAY" --advertise-address "$GATEWAY" --secure-port 6443 \
 		--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 		--client-ca-file "$PKI/ca.crt" \
 		--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
@@ -427,6 +488,7 @@ cmd_up() {
 		--service-cluster-ip-range "$SERVICE_CIDR" --authorization-mode Node,RBAC \
 		--allow-privileged=true --enable-priority-and-fairness=false
 	wait_for kube-apiserver 120 kubectl_ get --raw /readyz
+	apply_rbac
 
 	start kube-controller-manager "$BIN/kube-controller-manager" \
 		--kubeconfig "$ETC/controller-manager.kubeconfig" \
@@ -435,7 +497,8 @@ cmd_up() {
 		--bind-address 127.0.0.1 --use-service-account-credentials \
 		--service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
 		--cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-		--service-cluster-ip-range "$SERVICE_CIDR" --leader-elect=false
+		--service-cluster-ip-range "$SERVICE_CIDR" --leader-elect=false \
+		--allocate-node-cidrs --cluster-cidr "$POD_CIDR" --node-cidr-mask-size 24
 	start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$ETC/scheduler.kubeconfig" \
 		--authentication-kubeconfig "$ETC/scheduler.kubeconfig" \
 		--authorization-kubeconfig "$ETC/scheduler.kubeconfig" \
@@ -450,13 +513,241 @@ cmd_up() {
 		--tls-cert-file "$PKI/kubelet.crt" --tls-private-key-file "$PKI/kubelet.key"
 	wait_for "node $node" 120 node_ready
 
+	# Services: iptables rules, ClusterIPs reached from Pods and from the
+	# host. NodePorts only on the bridge's address, never on the host's
+	# other interfaces. The conntrack settings are left as they are.
+	start kube-proxy "$BIN/kube-proxy" --kubeconfig "$ETC/kube-proxy.kubeconfig" \
+		--hostname-override "$node" --proxy-mode iptables --cluster-cidr "$POD_CIDR" \
+		--nodeport-addresses "$GATEWAY/32" --metrics-bind-address 127.0.0.1:10249 \
+		--healthz-bind-address 127.0.0.1:10256 --conntrack-max-per-core 0 \
+		--conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
+	wait_for kube-proxy 60 curl -sf http://127.0.0.1:10256/healthz
+	# NetworkPolicies: kube-router's firewall alone (iptables and ipset);
+	# routing and service proxying are the bridge's and kube-proxy's.
+	start kube-router "$ROUTER_BIN" --kubeconfig "$ETC/kube-router.kubeconfig" \
+		--hostname-override "$node" --run-firewall=true --run-router=false \
+		--run-service-proxy=false --enable-cni=false --enable-ipv6=false \
+		--service-cluster-ip-range "$SERVICE_CIDR" --health-port 0 --metrics-port 0
+	# Its health port would listen on every interface: off; ready is when
+	# its chains are in place.
+	wait_for kube-router 60 iptables -S KUBE-ROUTER-FORWARD
+	start volumes "$REPO/scripts/kube.sh" volumes-loop
+	make_volumes
+	start_dns
+
 	kubectl_ get namespace "$SANDBOX_NAMESPACE" >/dev/null 2>&1 || kubectl_ create namespace "$SANDBOX_NAMESPACE" >/dev/null
 	# Pods are refused until their namespace's default service account
 	# exists (the controller manager makes it).
 	wait_for "service accounts" 60 kubectl_ -n default get serviceaccount default
 	wait_for "service accounts" 60 kubectl_ -n "$SANDBOX_NAMESPACE" get serviceaccount default
 	smoke_pod
+	if [ "${SBX_KUBE_NO_IMAGES:-}" != 1 ]; then
+		log "building and importing the deployment's images (scripts/kube-images.sh)"
+		"$REPO/scripts/kube-images.sh" >/dev/null
+	fi
 	log "up in $((SECONDS - start_time)) s: kubectl $ROOT/bin/kubectl, kubeconfig $KUBECONFIG_ADMIN"
+}
+
+# ensure_bridge makes the Pods' bridge with its gateway address before
+# the API server binds there (the CNI plugin takes the bridge as it finds
+# it).
+ensure_bridge() {
+	ip link show "$BRIDGE" >/dev/null 2>&1 || ip link add "$BRIDGE" type bridge
+	ip -4 addr show dev "$BRIDGE" | grep -q "inet $GATEWAY/" || ip addr add "$GATEWAY/${POD_CIDR#*/}" dev "$BRIDGE"
+	ip link set "$BRIDGE" up
+}
+
+# apply_rbac gives the policy controller what it watches (kube-proxy's
+# user has system:node-proxier already).
+apply_rbac() {
+	kubectl_ apply -f - >/dev/null <<-EOF
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRole
+		metadata:
+		  name: sbx-kube:kube-router
+		rules:
+		- apiGroups: [""]
+		  resources: [namespaces, pods, services, nodes, endpoints]
+		  verbs: [get, list, watch]
+		- apiGroups: [networking.k8s.io]
+		  resources: [networkpolicies]
+		  verbs: [get, list, watch]
+		- apiGroups: [discovery.k8s.io]
+		  resources: [endpointslices]
+		  verbs: [get, list, watch]
+		---
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRoleBinding
+		metadata:
+		  name: sbx-kube:kube-router
+		roleRef:
+		  apiGroup: rbac.authorization.k8s.io
+		  kind: ClusterRole
+		  name: sbx-kube:kube-router
+		subjects:
+		- apiGroup: rbac.authorization.k8s.io
+		  kind: User
+		  name: system:kube-router
+	EOF
+}
+
+# make_volumes makes the default StorageClass and its static local
+# PersistentVolumes, one directory each, owned by the stores' uid (a
+# local volume's ownership is what the directory has).
+make_volumes() {
+	local i
+	kubectl_ apply -f - >/dev/null <<-EOF
+		apiVersion: storage.k8s.io/v1
+		kind: StorageClass
+		metadata:
+		  name: $STORAGE_CLASS
+		  annotations:
+		    storageclass.kubernetes.io/is-default-class: "true"
+		provisioner: kubernetes.io/no-provisioner
+		volumeBindingMode: WaitForFirstConsumer
+		reclaimPolicy: Retain
+	EOF
+	for ((i = 0; i < VOLUME_COUNT; i++)); do
+		if [ ! -d "$VOLUMES/pv-$i" ]; then
+			install -d -m 0770 -o "$VOLUME_UID" -g "$VOLUME_UID" "$VOLUMES/pv-$i"
+		fi
+		kubectl_ get pv "sbx-kube-pv-$i" >/dev/null 2>&1 && continue
+		kubectl_ apply -f - >/dev/null <<-EOF
+			apiVersion: v1
+			kind: PersistentVolume
+			metadata:
+			  name: sbx-kube-pv-$i
+			spec:
+			  capacity: {storage: $VOLUME_SIZE}
+			  accessModes: [ReadWriteOnce]
+			  persistentVolumeReclaimPolicy: Retain
+			  storageClassName: $STORAGE_CLASS
+			  volumeMode: Filesystem
+			  local: {path: $VOLUMES/pv-$i}
+			  nodeAffinity:
+			    required:
+			      nodeSelectorTerms:
+			      - matchExpressions:
+			        - {key: kubernetes.io/hostname, operator: In, values: [$(node_name)]}
+		EOF
+	done
+}
+
+# reclaim empties the volumes whose claims are gone and makes them
+# Available again: what the Delete policy would do with a provisioner.
+# Without it a deployment applied and deleted twice would use up the
+# volumes.
+reclaim() {
+	local pv dir
+	for pv in $(kubectl_ get pv -o jsonpath='{range .items[?(@.status.phase=="Released")]}{.metadata.name}{" "}{.spec.storageClassName}{"\n"}{end}' 2>/dev/null | awk -v c="$STORAGE_CLASS" '$2 == c { print $1 }'); do
+		dir=$(kubectl_ get pv "$pv" -o jsonpath='{.spec.local.path}')
+		case $dir in "$VOLUMES"/pv-[0-9]*) ;; *) continue ;; esac
+		rm -rf "$dir"
+		install -d -m 0770 -o "$VOLUME_UID" -g "$VOLUME_UID" "$dir"
+		kubectl_ patch pv "$pv" --type json -p '[{"op":"remove","path":"/spec/claimRef"}]' >/dev/null &&
+			log "volumes: $pv emptied and Available again"
+	done
+}
+
+# start_dns runs CoreDNS in kube-system behind the kube-dns Service
+# ($DNS_IP, the kubelet's clusterDNS), from an image of its binary.
+start_dns() {
+	local tag=sbx-kube/coredns:$COREDNS_VERSION
+	if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "docker.io/$tag"; then
+		local tar
+		tar=$(mktemp --suffix .tar)
+		make_image "$tag" "$DNS_BIN" "$tar"
+		ctr --address "$CTR_SOCK" -n k8s.io images import --no-unpack "$tar" >/dev/null
+		rm -f "$tar"
+	fi
+	kubectl_ apply -f - >/dev/null <<-EOF
+		apiVersion: v1
+		kind: ServiceAccount
+		metadata: {name: coredns, namespace: kube-system}
+		---
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRole
+		metadata: {name: sbx-kube:coredns}
+		rules:
+		- apiGroups: [""]
+		  resources: [services, pods, namespaces]
+		  verbs: [list, watch]
+		- apiGroups: [discovery.k8s.io]
+		  resources: [endpointslices]
+		  verbs: [list, watch]
+		---
+		apiVersion: rbac.authorization.k8s.io/v1
+		kind: ClusterRoleBinding
+		metadata: {name: sbx-kube:coredns}
+		roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sbx-kube:coredns}
+		subjects:
+		- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+		---
+		apiVersion: v1
+		kind: ConfigMap
+		metadata: {name: coredns, namespace: kube-system}
+		data:
+		  Corefile: |
+		    .:1053 {
+		        errors
+		        ready :8181
+		        kubernetes cluster.local in-addr.arpa ip6.arpa {
+		            pods insecure
+		            fallthrough in-addr.arpa ip6.arpa
+		        }
+		        forward . /etc/resolv.conf
+		        cache 30
+		    }
+		---
+		apiVersion: apps/v1
+		kind: Deployment
+		metadata: {name: coredns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+		spec:
+		  replicas: 1
+		  selector: {matchLabels: {k8s-app: kube-dns}}
+		  template:
+		    metadata: {labels: {k8s-app: kube-dns}}
+		    spec:
+		      serviceAccountName: coredns
+		      dnsPolicy: Default
+		      terminationGracePeriodSeconds: 1
+		      containers:
+		      - name: coredns
+		        image: $tag
+		        imagePullPolicy: Never
+		        args: [-conf, /etc/coredns/Corefile]
+		        ports:
+		        - {name: dns, containerPort: 1053, protocol: UDP}
+		        - {name: dns-tcp, containerPort: 1053, protocol: TCP}
+		        readinessProbe:
+		          httpGet: {path: /ready, port: 8181}
+		          periodSeconds: 2
+		        securityContext:
+		          runAsUser: 65534
+		          runAsNonRoot: true
+		          allowPrivilegeEscalation: false
+		          readOnlyRootFilesystem: true
+		          capabilities: {drop: [ALL]}
+		        resources:
+		          limits: {memory: 128Mi}
+		          requests: {cpu: 50m, memory: 32Mi}
+		        volumeMounts:
+		        - {name: config, mountPath: /etc/coredns, readOnly: true}
+		      volumes:
+		      - name: config
+		        configMap: {name: coredns}
+		---
+		apiVersion: v1
+		kind: Service
+		metadata: {name: kube-dns, namespace: kube-system, labels: {k8s-app: kube-dns}}
+		spec:
+		  clusterIP: $DNS_IP
+		  selector: {k8s-app: kube-dns}
+		  ports:
+		  - {name: dns, port: 53, targetPort: 1053, protocol: UDP}
+		  - {name: dns-tcp, port: 53, targetPort: 1053, protocol: TCP}
+	EOF
+	wait_for "CoreDNS" 120 kubectl_ -n kube-system wait --for=condition=Available deployment/coredns --timeout=1s
 }
 
 import_pause() {
@@ -629,6 +920,13 @@ cmd_down() {
 	done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && ip link delete "$BRIDGE"
 	remove_iptables_chains
+	# kube-router's ipsets, once no rule uses them.
+	if command -v ipset >/dev/null; then
+		{ ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' || true; } | while read -r set; do
+			ipset destroy "$set" 2>/dev/null || true
+		done
+	fi
+	rm -rf "$VOLUMES"
 	if [ -f "$ROOT/sysctl.saved" ]; then
 		while IFS= read -r line; do sysctl -qw "$line" || true; done <"$ROOT/sysctl.saved"
 		rm -f "$ROOT/sysctl.saved"
@@ -652,6 +950,11 @@ main() {
 		cmd_down "$@"
 		;;
 	status) cmd_status ;;
+	build)
+		# build: the binaries alone (CI may build before it needs them).
+		mkdir -p "$ROOT/bin"
+		build_binaries
+		;;
 	image)
 		# image DIR TAG OUT: one of scripts/kube's Go programs as a
 		# docker-archive tarball (scripts/kube-test.sh's test image).
@@ -661,6 +964,10 @@ main() {
 	import)
 		shift
 		cmd_import "$@"
+		;;
+	volumes-loop)
+		# The volumes daemon that up starts: reclaim, every few seconds.
+		while sleep 5; do reclaim; done
 		;;
 	*)
 		echo "usage: $0 up|down [--purge]|status|import FILE..." >&2
