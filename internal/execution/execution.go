@@ -412,7 +412,11 @@ func (s *Service) run(ctx context.Context, r *Run) {
 			r.mu.Unlock()
 		})
 		cancel()
-		lease.Release()
+		if err == nil && res.WorkspaceUnchanged {
+			lease.ReleaseUnchanged()
+		} else {
+			lease.Release()
+		}
 		if err == nil {
 			s.finish(r, res, nil)
 			return

@@ -124,7 +124,9 @@ func (e *execution) supervise() {
 	if e.startedAt.IsZero() { // it never left the context's queue
 		res.StartedAt = time.Now().UTC()
 	} else {
-		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, snapshotWorkspace(s.cfg.Workspace))
+		after := snapshotWorkspace(s.cfg.Workspace)
+		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, after)
+		res.WorkspaceUnchanged = unchanged(e.before, after)
 	}
 	res.Stdout, res.StdoutTruncated = e.out.text(streamStdout)
 	res.Stderr, res.StderrTruncated = e.out.text(streamStderr)

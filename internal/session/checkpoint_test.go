@@ -5,7 +5,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -88,6 +90,22 @@ func TestCheckpointedWorkspaces(t *testing.T) {
 	run(t, m, "s", "open('out.txt','w').write(open('in.txt').read())")
 	if n := ws.count(vol); n != 3 {
 		t.Errorf("after an execution: %d checkpoints, want 3", n)
+	}
+	// A run that changes nothing is released without a checkpoint, on
+	// its executor's word.
+	ctx2, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	lease, err := m.Acquire(ctx2, "t", "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := lease.Client.Run(ctx2, wire.RunRequest{Language: wire.LanguagePython, Code: "print(open('out.txt').read())"}, nil)
+	if err != nil || !res.WorkspaceUnchanged {
+		t.Fatalf("a read-only run: %+v, %v; want workspace_unchanged", res, err)
+	}
+	lease.ReleaseUnchanged()
+	if n := ws.count(vol); n != 3 {
+		t.Errorf("after an unchanged run: %d checkpoints, want 3", n)
 	}
 	if got := readFile(t, m, "s", "out.txt"); got != "x" {
 		t.Errorf("out.txt: %q", got)

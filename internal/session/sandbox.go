@@ -45,6 +45,12 @@ func (l *Lease) Release() {
 	})
 }
 
+// ReleaseUnchanged gives the lease back after an execution whose
+// executor said it changed nothing in the workspace
+// (wire.Result.WorkspaceUnchanged): the checkpoint it would take is the
+// last one.
+func (l *Lease) ReleaseUnchanged() { l.once.Do(l.release) }
+
 // release gives the lease back without a checkpoint.
 func (l *Lease) release() {
 	l.e.mu.Lock()
