@@ -160,7 +160,7 @@ say "NetworkPolicies enforced: a sandbox reaches nothing; only sbx reaches a san
 # The pids limit of a Pod's cgroup.
 uid=$(k -n sbx get pod nc-sbx -o jsonpath='{.metadata.uid}')
 pids=$(find /sys/fs/cgroup -maxdepth 5 -type d -name "pod$uid" 2>/dev/null | while read -r d; do cat "$d/pids.max" 2>/dev/null || true; done | head -1)
-[ "$pids" = 1024 ] || fail "a Pod's pids.max is '$pids', want 1024"
+[ "$pids" = 256 ] || fail "a Pod's pids.max is '$pids', want 256"
 say "pids.max of a Pod: $pids"
 
 # A claim of the default StorageClass binds, is writable by uid 1000

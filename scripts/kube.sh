@@ -48,11 +48,14 @@ GATEWAY=10.244.0.1
 SERVICE_CIDR=10.0.0.0/24
 DNS_IP=10.0.0.10
 API=https://$GATEWAY:6443
-# Pids per Pod: a fork bomb in a sandbox stops there. The kernel's
-# pid_max here is 32768; 1024 leaves room for the busiest legitimate Pod
-# (PostgreSQL's hundred-odd backends, a build with its compilers) and
-# lets no single Pod take more than a thirty-second of the node.
-POD_PIDS_LIMIT=1024
+# Pids per Pod: a fork bomb in a sandbox stops there. Kubernetes has no
+# per-Pod figure, so this is the sandboxes' (sbx's default for a sandbox,
+# runtime.DefaultResources.PIDs, is 256) and it holds every Pod of the
+# node: PostgreSQL's hundred-odd backends and the Go servers' threads fit.
+# A bomb of 1024 spinning processes in a sandbox's one-CPU quota starved
+# its executor past its run's timeout on this 2-core machine; 256 does not.
+# The kernel's pid_max here is 32768: the sandbox quota's 100 Pods fit.
+POD_PIDS_LIMIT=256
 # Static PersistentVolumes of the default StorageClass: directories
 # under $VOLUMES, owned by the uid the manifests' stores run as.
 STORAGE_CLASS=sbx-local
