@@ -37,6 +37,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -92,13 +93,13 @@ func benchKube(ctx context.Context, add func(row)) {
 	}
 
 	runc, pods := pair("pool", func(c *app.Config) { c.Pools = map[string]int{"python": kubePool} })
-	benchKubePool(ctx, runc, pods, add)
+	benchKubePool(ctx, cl, runc, pods, add)
 	stopPair(runc, pods)
 
 	runc, pods = pair("plain")
 	defer stopPair(runc, pods)
 	benchKubeCold(ctx, runc, pods, add)
-	benchKubeRoundTrip(ctx, runc, pods, add)
+	benchKubeRoundTrip(ctx, cl, runc, pods, add)
 	benchKubeLifecycle(ctx, runc, pods, add)
 	benchKubeConcurrent(ctx, runc, pods, add)
 }
@@ -284,9 +285,10 @@ func waitPoolFull(cp *controlPlane) {
 
 // benchKubePool (r) claims sandboxes from full warm pools: -http-creates
 // single claims, then -kube-rounds rounds of 20 at once.
-func benchKubePool(ctx context.Context, runc, pods *controlPlane, add func(row)) {
+func benchKubePool(ctx context.Context, cl *benchCluster, runc, pods *controlPlane, add func(row)) {
 	var one [2]samples
 	n := 0
+	calls := cl.podCalls(ctx)
 	for range *httpCreates {
 		n++
 		both(runc, pods, &one, func(cp *controlPlane) time.Duration {
@@ -299,8 +301,12 @@ func benchKubePool(ctx context.Context, runc, pods *controlPlane, add func(row))
 		ids = append(ids, fmt.Sprintf("pool-%d", k))
 	}
 	both(runc, pods, &[2]samples{}, func(cp *controlPlane) time.Duration { deleteAll(ctx, cp, ids); return 0 })
+	claimCalls := cl.podCalls(ctx).since(calls, n)
 	r1, p1 := sorted(one)
 	sideBySide(add, "(r) HTTP warm pool claim -> first result, one at a time", "p50 < 100 ms", r1, p1)
+	if pods != nil {
+		add(row{name: "    kube API calls on Pods per claim, refill and deletion included", vs: claimCalls})
+	}
 
 	var par [2]samples
 	for round := range *kubeRounds {
@@ -347,7 +353,7 @@ func benchKubeCold(ctx context.Context, runc, pods *controlPlane, add func(row))
 
 // benchKubeRoundTrip (t) is the paced execution round trip, then (u) an
 // upload of 50 MB and its download in the same session.
-func benchKubeRoundTrip(ctx context.Context, runc, pods *controlPlane, add func(row)) {
+func benchKubeRoundTrip(ctx context.Context, cl *benchCluster, runc, pods *controlPlane, add func(row)) {
 	both(runc, pods, &[2]samples{}, func(cp *controlPlane) time.Duration {
 		firstResult(ctx, cp, "rt")
 		for range 20 {
@@ -356,6 +362,7 @@ func benchKubeRoundTrip(ctx context.Context, runc, pods *controlPlane, add func(
 		return 0
 	})
 	var trip [2]samples
+	calls := cl.podCalls(ctx)
 	for range *rounds {
 		both(runc, pods, &trip, func(cp *controlPlane) time.Duration {
 			time.Sleep(*pause)
@@ -364,8 +371,12 @@ func benchKubeRoundTrip(ctx context.Context, runc, pods *controlPlane, add func(
 			return time.Since(t0)
 		})
 	}
+	tripCalls := cl.podCalls(ctx).since(calls, *rounds)
 	r, p := sorted(trip)
 	sideBySide(add, fmt.Sprintf("(t) HTTP round trip print(1), ?wait=true, %v apart", *pause), "kube/runc p50 < 1.5x", r, p)
+	if pods != nil {
+		add(row{name: "    kube API calls on Pods per execution", vs: tripCalls})
+	}
 
 	const mb = 50
 	data := bytes.Repeat([]byte("0123456789abcdef"), mb<<16)
@@ -488,4 +499,70 @@ func firstLine(err error) string {
 		s = s[:120] + "..."
 	}
 	return s
+}
+
+// apiCalls counts the API server's requests on Pods by verb, from its
+// metrics (apiserver_request_total): what the runtime asks of the cluster
+// per operation. The count is the whole cluster's, whoever else calls.
+type apiCalls map[string]float64
+
+// podCalls reads the counts; nil without a cluster or without metrics.
+func (cl *benchCluster) podCalls(ctx context.Context) apiCalls {
+	if cl == nil {
+		return nil
+	}
+	raw, err := cl.client.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		log.Printf("the API server's metrics: %v", err)
+		return nil
+	}
+	calls := apiCalls{}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "apiserver_request_total{") || !strings.Contains(line, `resource="pods"`) {
+			continue
+		}
+		labels, value, ok := strings.Cut(strings.TrimPrefix(line, "apiserver_request_total{"), "} ")
+		if !ok {
+			continue
+		}
+		var verb, sub string
+		for _, kv := range strings.Split(labels, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "verb":
+				verb = strings.Trim(v, `"`)
+			case "subresource":
+				sub = strings.Trim(v, `"`)
+			}
+		}
+		if sub != "" {
+			verb += " " + sub
+		}
+		var n float64
+		fmt.Sscan(value, &n)
+		calls[verb] += n
+	}
+	return calls
+}
+
+// since is the calls made after before, per operation of n, by verb.
+func (a apiCalls) since(before apiCalls, n int) string {
+	if a == nil || before == nil || n == 0 {
+		return ""
+	}
+	var parts []string
+	verbs := make([]string, 0, len(a))
+	for v := range a {
+		verbs = append(verbs, v)
+	}
+	sort.Strings(verbs)
+	for _, v := range verbs {
+		if d := a[v] - before[v]; d > 0 {
+			parts = append(parts, fmt.Sprintf("%s %.1f", v, d/float64(n)))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
