@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 
@@ -212,5 +213,60 @@ func TestArchiveBound(t *testing.T) {
 	}
 	if archiveBound(0) != archiveBound(runtime.DefaultResources.DiskMB) {
 		t.Error("no disk: not the default's bound")
+	}
+}
+
+// TestHolder: the Pod that holds a volume is found by its label, then by
+// name while it holds it; once it is gone, the one holding it since is
+// found again, and none when none does.
+func TestHolder(t *testing.T) {
+	r := newTestRuntime(t)
+	v := r.Volumes(nil, 0)
+	ctx := t.Context()
+	run := func(id string) {
+		t.Helper()
+		pod, err := r.podSpec(runtime.Spec{ID: id, Image: "sbx/python:abc", Volume: "t/s"}, "img", runtime.DefaultResources)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pod.Status.Phase = corev1.PodRunning
+		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName}}
+		if _, err := r.pods().Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	holder := func() string {
+		t.Helper()
+		info, err := v.holderInfo(ctx, "t/s")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info == nil {
+			return ""
+		}
+		return info.ID
+	}
+	if h := holder(); h != "" {
+		t.Fatalf("no Pod, holder %q", h)
+	}
+	run("a")
+	if h := holder(); h != "a" {
+		t.Fatalf("holder %q, want a", h)
+	}
+	if h := holder(); h != "a" {
+		t.Fatalf("again: holder %q, want a", h)
+	}
+	if err := r.pods().Delete(ctx, podName("a"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	run("b")
+	if h := holder(); h != "b" {
+		t.Fatalf("after a went and b came: holder %q, want b", h)
+	}
+	if err := r.pods().Delete(ctx, podName("b"), metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if h := holder(); h != "" {
+		t.Fatalf("all gone: holder %q", h)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -51,9 +52,10 @@ type Volumes struct {
 	snaps      *snapshot.Store
 	maxArchive int64
 
-	mu     sync.Mutex
-	last   map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
-	saving map[string]*saving            // volume -> its checkpoint in progress here
+	mu      sync.Mutex
+	last    map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+	saving  map[string]*saving            // volume -> its checkpoint in progress here
+	holders map[string]string             // volume -> the sandbox last seen holding it
 }
 
 // saving serialises one volume's checkpoints in this process: two at
@@ -71,7 +73,7 @@ var (
 // Volumes returns the runtime's workspace store, checkpointing into
 // snaps. maxArchive bounds an archive an executor sends.
 func (r *Runtime) Volumes(snaps *snapshot.Store, maxArchive int64) *Volumes {
-	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}, saving: map[string]*saving{}}
+	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}, saving: map[string]*saving{}, holders: map[string]string{}}
 	r.mu.Lock()
 	r.volumes = v
 	r.mu.Unlock()
@@ -87,7 +89,24 @@ func (v *Volumes) holder(ctx context.Context, name string) (string, error) {
 	return info.ID, nil
 }
 
+// holderInfo finds the holder of volume name: the sandbox this process
+// last saw holding it, if its Pod still does (one read of that Pod by
+// name), else the one a search by the volume's label finds (a Pod
+// another replica made, or made since).
 func (v *Volumes) holderInfo(ctx context.Context, name string) (*runtime.Info, error) {
+	v.mu.Lock()
+	id, known := v.holders[name]
+	v.mu.Unlock()
+	if known {
+		pod, err := v.rt.pods().Get(ctx, podName(id), metav1.GetOptions{})
+		if err == nil {
+			if info, ok := v.rt.info(pod); ok && info.ID == id && info.Volume == name && info.State == runtime.StateRunning {
+				return &info, nil
+			}
+		} else if !apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("volume %s: %w", name, apiErr(err))
+		}
+	}
 	list, err := v.rt.pods().List(ctx, metav1.ListOptions{LabelSelector: labelVolume + "=" + volumeLabel(name)})
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w", name, apiErr(err))
@@ -95,10 +114,23 @@ func (v *Volumes) holderInfo(ctx context.Context, name string) (*runtime.Info, e
 	for i := range list.Items {
 		p := &list.Items[i]
 		if info, ok := v.rt.info(p); ok && info.Volume == name && info.State == runtime.StateRunning {
+			v.held(name, info.ID)
 			return &info, nil
 		}
 	}
+	v.held(name, "")
 	return nil, nil
+}
+
+// held remembers that sandbox id holds volume name ("": none does).
+func (v *Volumes) held(name, id string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if id == "" {
+		delete(v.holders, name)
+	} else {
+		v.holders[name] = id
+	}
 }
 
 // archiveBound is the most an archive of a workspace limited to diskMB
@@ -256,6 +288,8 @@ func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
 	if err := v.rt.relabel(ctx, id, name); err != nil {
 		return err
 	}
+	v.held(pooled, "")
+	v.held(name, id)
 	v.forget(name)
 	if err := v.snaps.Delete(ctx, checkpointKey(name)); err != nil {
 		return err
@@ -330,6 +364,7 @@ func (v *Volumes) forget(name string) {
 
 // restore gives a new Pod of volume name its checkpoint, if it has one.
 func (v *Volumes) restore(ctx context.Context, id, name string) error {
+	v.held(name, id)
 	if _, err := v.snaps.Load(ctx, checkpointKey(name)); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil
