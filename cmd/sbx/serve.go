@@ -48,6 +48,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		data       = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
 		state      = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
 		storeURL   = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
+		storeWait  = fs.Duration("store-wait", time.Minute, "how long to wait at start for a PostgreSQL store that does not answer yet")
 		blobURL    = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) or s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION (credentials from the AWS environment and shared config; env SBX_BLOB)")
 		tmplDir    = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level      = fs.String("log-level", "info", "debug, info, warn or error")
@@ -233,7 +234,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	a, err := app.Open(ctx, app.Config{
 		Kubernetes: kubernetes,
 		Addr:       *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
-		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
+		Store: *storeURL, StoreWait: *storeWait, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
 		LimitsFor: limitsFor, DiskOvercommit: *overcommit, MaxResources: maxRes, Chat: llm,

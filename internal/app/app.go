@@ -60,6 +60,9 @@ type Config struct {
 	// DataDir/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=...
 	// (backends.go).
 	Store string
+	// StoreWait is how long Open waits for a PostgreSQL store that does
+	// not answer (a database starting beside the server); 0: not at all.
+	StoreWait time.Duration
 	// Blob is the URL of the blob store: file:///PATH (default
 	// DataDir/blobs).
 	Blob string
@@ -288,7 +291,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStore(ctx, cfg.Store, cfg.DataDir)
+	st, err := openStore(ctx, cfg.Store, cfg.DataDir, cfg.StoreWait)
 	if err != nil {
 		return nil, err
 	}
