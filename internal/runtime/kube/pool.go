@@ -116,7 +116,9 @@ func (r *Runtime) poolCache(ctx context.Context) (cache.SharedIndexInformer, err
 				return r.pods().Watch(ctx, opts)
 			},
 		}
-		r.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{
+		// The client says whether it can stream a watch's initial list
+		// (client-go's fake cannot).
+		r.informer = cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, r.cfg.Client), &corev1.Pod{}, 0, cache.Indexers{
 			poolIndex: func(obj any) ([]string, error) {
 				if p, ok := obj.(*corev1.Pod); ok {
 					return []string{p.Annotations[annotationPool]}, nil
