@@ -242,3 +242,91 @@ func waitNoneStarting(t *testing.T, ctx context.Context, rt *kube.Runtime, build
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// BenchmarkKubernetesPoolClaim measures a pooled claim until its first
+// result (claim, then a Python print through the claimed Pod's executor),
+// with the pool filled beforehand, one claim at a time and 20 at once.
+// It reports the p50 and p90; it asserts nothing about them.
+//
+//	go test -tags integration -run '^$' -bench KubernetesPoolClaim -benchtime 1x ./internal/runtime/kube/
+func BenchmarkKubernetesPoolClaim(b *testing.B) {
+	c := kubetest.New(b)
+	img := kubetest.Image(b, "python")
+	build, err := template.ParseImageRef(img)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt := newRuntime(b, c, newSigner(b))
+	b.Cleanup(rt.Close)
+	ctx := context.Background()
+	seq := 0
+	for _, par := range []int{1, 20} {
+		b.Run(fmt.Sprintf("parallel-%d", par), func(b *testing.B) {
+			rounds := 2
+			if par == 1 {
+				rounds = 10
+			}
+			var took []time.Duration
+			for range b.N * rounds {
+				var wg sync.WaitGroup
+				for range par { // fill: par ready Pods
+					seq++
+					id := fmt.Sprintf("bench-%d", seq)
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						if err := rt.StartPooled(ctx, "python", build, runtime.Spec{ID: id, Image: img, Volume: workspace.PoolVolume(id)}); err != nil {
+							b.Error(err)
+						}
+					}()
+				}
+				wg.Wait()
+				for {
+					ready, _, err := rt.PoolCounts(ctx, "python", build)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if ready >= par {
+						break
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				var mu sync.Mutex
+				var ids []string
+				for i := range par {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						start := time.Now()
+						id, _, err := rt.ClaimPooled(ctx, "python", build, workspace.SessionVolume("bench", fmt.Sprintf("s%d-%d", seq, i)), nil)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						cl := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+						res, err := cl.Run(ctx, wire.RunRequest{Language: wire.LanguagePython, Code: "print(1)", TimeoutMs: 60000}, nil)
+						d := time.Since(start)
+						cl.Close()
+						if err != nil || strings.TrimSpace(res.Stdout) != "1" {
+							b.Errorf("run: %v %+v", err, res)
+						}
+						mu.Lock()
+						took = append(took, d)
+						ids = append(ids, id)
+						mu.Unlock()
+					}()
+				}
+				wg.Wait()
+				for _, id := range ids {
+					rt.Destroy(ctx, id)
+				}
+			}
+			sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+			if len(took) > 0 {
+				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+				b.ReportMetric(float64(took[len(took)*9/10].Microseconds())/1000, "p90-ms")
+				b.Logf("claim -> first result, %d claims: %v", len(took), took)
+			}
+		})
+	}
+}
