@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"reflect"
 	"sort"
@@ -19,9 +20,11 @@ import (
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/template"
 	"github.com/sbx-sandbox/sbx/internal/testenv/kubetest"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
@@ -328,5 +331,88 @@ func BenchmarkKubernetesPoolClaim(b *testing.B) {
 				b.Logf("claim -> first result, %d claims: %v", len(took), took)
 			}
 		})
+	}
+}
+
+// TestKubernetesPoolClaimKeepsCheckpoint: a session with a saved
+// workspace (its checkpoint) claims a pooled Pod: its files are imported
+// into the Pod through the executor, and the checkpoint stays (it was
+// deleted before).
+func TestKubernetesPoolClaimKeepsCheckpoint(t *testing.T) {
+	c := kubetest.New(t)
+	img := kubetest.Image(t, "python")
+	build, err := template.ParseImageRef(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newRuntime(t, c, newSigner(t))
+	t.Cleanup(rt.Close)
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vols := rt.Volumes(snapshot.New(blobs, "snapshots", snapshot.Limits{}), 1<<30)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	vol := workspace.SessionVolume("t", "saved")
+
+	// The session's workspace, saved, then its Pod gone.
+	if _, err := rt.Create(ctx, runtime.Spec{ID: "first", Image: img, Volume: vol}); err != nil {
+		t.Fatal(err)
+	}
+	ws, err := vols.Open(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ws.Save(ctx, "notes.txt", strings.NewReader("kept"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	ws.Close()
+	if err := vols.Checkpoint(ctx, vol); err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Destroy(ctx, "first"); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := rt.StartPooled(ctx, "python", build, runtime.Spec{ID: "pooled", Image: img, Volume: workspace.PoolVolume("pooled")}); err != nil {
+		t.Fatal(err)
+	}
+	var id string
+	for {
+		id, _, err = rt.ClaimPooled(ctx, "python", build, vol, nil)
+		if !errors.Is(err, errdefs.ErrNotFound) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the watch has not seen it ready yet
+	}
+	if err != nil || id != "pooled" {
+		t.Fatalf("claim: %q %v", id, err)
+	}
+	defer rt.Destroy(ctx, id)
+	if err := vols.Claim(ctx, workspace.PoolVolume(id), vol); err != nil {
+		t.Fatalf("volumes claim: %v", err)
+	}
+	ws, err = vols.Open(ctx, vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.Close()
+	f, err := ws.Open(ctx, "notes.txt")
+	if err != nil {
+		t.Fatalf("the saved file in the claimed Pod: %v", err)
+	}
+	b, _ := io.ReadAll(f)
+	f.Close()
+	if string(b) != "kept" {
+		t.Fatalf("notes.txt: %q", b)
+	}
+	// The checkpoint is still the session's: with the Pod gone, the
+	// workspace still exists.
+	if err := rt.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := vols.Exists(ctx, vol); err != nil || !ok {
+		t.Fatalf("the session's checkpoint after the claim: exists %v, %v", ok, err)
 	}
 }
