@@ -96,7 +96,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		tenantLim  multiFlag
 	)
 	fs.Var(&tenantLim, "tenant-limit", "one tenant's limits as `TENANT:NAME=VALUE,...`, over --limits (repeatable)")
-	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable)")
+	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable); with --runtime kubernetes the size is the deployment's, shared by every replica and filled by the leader")
 	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
 	if err := fs.Parse(args); err != nil {
 		return 2

@@ -31,6 +31,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
@@ -117,6 +118,12 @@ type Runtime struct {
 	mu      sync.Mutex
 	addrs   map[string]string // sandbox id -> pod IP:port, as last seen
 	volumes *Volumes          // the workspace store over this runtime's Pods, once made
+
+	// The warm pools' watch (pool.go), started by the first pool call.
+	poolOnce  sync.Once
+	informer  cache.SharedIndexInformer
+	stopPools context.CancelFunc
+	reserved  map[string]bool // pod name -> a claim of this process holds it
 }
 
 var _ runtime.Runtime = (*Runtime)(nil)
@@ -148,12 +155,13 @@ func New(cfg Config) (*Runtime, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}}, nil
+	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}, reserved: map[string]bool{}}, nil
 }
 
 // Capabilities: a Pod cannot be frozen, its usage is not read cheaply
-// yet, and its processes are not the caller's host's.
-func (r *Runtime) Capabilities() runtime.Capabilities { return runtime.Capabilities{} }
+// yet, and its processes are not the caller's host's; its warm pools are
+// every replica's (pool.go).
+func (r *Runtime) Capabilities() runtime.Capabilities { return runtime.Capabilities{Pools: true} }
 
 func (r *Runtime) pods() podClient { return r.cfg.Client.CoreV1().Pods(r.cfg.Namespace) }
 
@@ -177,7 +185,13 @@ func (r *Runtime) image(ref string) string {
 
 // Create makes the sandbox's Pod and waits until it runs and its executor
 // answers: a Running Pod is not yet a sandbox.
-func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (info *runtime.Info, err error) {
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Info, error) {
+	return r.create(ctx, spec, nil)
+}
+
+// create is Create, of a warm pool's Pod when pool is not nil: it is
+// made with the pool's labels, state starting.
+func (r *Runtime) create(ctx context.Context, spec runtime.Spec, pool *poolMeta) (info *runtime.Info, err error) {
 	if !validID(spec.ID) {
 		return nil, fmt.Errorf("sandbox id %s: want [a-zA-Z0-9][a-zA-Z0-9_-]{0,63}: %w", quote(spec.ID), errdefs.ErrInvalidArgument)
 	}
@@ -195,6 +209,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (info *runtime.
 	pod, err := r.podSpec(spec, r.image(spec.Image), res)
 	if err != nil {
 		return nil, err
+	}
+	if pool != nil {
+		pool.apply(pod)
 	}
 	created, err := r.pods().Create(ctx, pod, metav1.CreateOptions{})
 	if apierrors.IsAlreadyExists(err) {

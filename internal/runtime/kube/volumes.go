@@ -274,25 +274,42 @@ func (v *Volumes) Restore(ctx context.Context, name, key string, diskMB int64) e
 	return v.snaps.Copy(ctx, key, checkpointKey(name))
 }
 
-// Claim makes the pooled workspace the session's: the Pod that holds it
-// is relabelled (its metadata, never its spec), and what it holds is the
-// session's from then on.
+// Claim makes the pooled workspace the session's. A Pod claimed from a
+// shared pool (Runtime.ClaimPooled) holds the session's volume already:
+// its claim relabelled it in the same write. Otherwise the Pod that holds
+// the pooled volume is relabelled here (its metadata, never its spec).
+// The session's checkpoint, if it has one (a workspace saved before),
+// is the session's files: it is imported into the Pod through its
+// executor, and kept.
 func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
+	_, err := v.snaps.Load(ctx, checkpointKey(name))
+	saved := err == nil
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
 	id, err := v.holder(ctx, pooled)
 	if err != nil {
 		return err
 	}
-	if id == "" {
-		return fmt.Errorf("pooled workspace %s: no running sandbox holds it: %w", pooled, errdefs.ErrUnavailable)
-	}
-	if err := v.rt.relabel(ctx, id, name); err != nil {
-		return err
+	if id != "" {
+		if err := v.rt.relabel(ctx, id, name); err != nil {
+			return err
+		}
+	} else if saved {
+		if id, err = v.holder(ctx, name); err != nil {
+			return err
+		}
+		if id == "" {
+			return fmt.Errorf("workspace %s: no running sandbox holds it: %w", name, errdefs.ErrUnavailable)
+		}
 	}
 	v.held(pooled, "")
 	v.held(name, id)
 	v.forget(name)
-	if err := v.snaps.Delete(ctx, checkpointKey(name)); err != nil {
-		return err
+	if saved {
+		if err := v.importInto(ctx, id, checkpointKey(name)); err != nil {
+			return fmt.Errorf("workspace %s: restoring its checkpoint into a pooled sandbox: %w", name, err)
+		}
 	}
 	return v.snaps.Delete(ctx, checkpointKey(pooled))
 }
