@@ -379,7 +379,7 @@ func (r *Runtime) CollectPools(ctx context.Context, want map[string]string, stuc
 			return n, fmt.Errorf("pool pod %s: delete: %w", p.Name, apiErr(err))
 		}
 		r.forget(p.Annotations[annotationID])
-		r.log.Info("kubernetes: collected a warm pool's pod", "pod", p.Name, "pool", p.Annotations[annotationPool], "why", why, "age", age(p.CreationTimestamp))
+		r.log.Info("kubernetes: collected a warm pool's pod", "pod", p.Name, "pool", p.Annotations[annotationPool], "why", why, "age", time.Since(p.CreationTimestamp.Time).Round(time.Second))
 		n++
 	}
 	return n, nil
