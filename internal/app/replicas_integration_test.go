@@ -1073,12 +1073,12 @@ func (cl *cluster) testReaperFailover(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	// A Pod cannot be frozen: on Kubernetes an idle session hibernates
-	// at once, without a pause in between (session.Reaper).
-	if paused := slices.Contains(seen, api.StatusPaused); cl.kube == nil && !paused {
+	// A Pod cannot be frozen: on Kubernetes the reaper hibernates an idle
+	// session at once instead of pausing it first (session.Reaper), so
+	// the pause is runc's alone. (A hibernation still shows the session
+	// paused while it saves the workspace, on either runtime.)
+	if cl.kube == nil && !slices.Contains(seen, api.StatusPaused) {
 		t.Errorf("session %s went %v: never paused before it hibernated", sid, seen)
-	} else if cl.kube != nil && paused {
-		t.Errorf("session %s went %v: paused, on a runtime that cannot freeze it", sid, seen)
 	}
 	newLead, h := cl.leader(t, time.Second)
 	t.Logf("the reaper runs on replica %d (%s) now", newLead, h)
