@@ -85,7 +85,6 @@ func TestReplicas(t *testing.T) {
 	}
 	cl := &cluster{sbx: sbx, dir: dir, state: state, rt: rt}
 	cl.setUp(t)
-	t.Cleanup(func() { cl.unmountImage(t) })
 	cl.run(t)
 }
 
@@ -143,6 +142,10 @@ func (cl *cluster) setUp(t *testing.T) {
 		// Where a replica's Pod would have it from the downward API: the
 		// Secret of the executors' key is looked for there.
 		cl.env = append(cl.env, "POD_NAMESPACE="+cl.kube.Namespace)
+	}
+	if cl.kube == nil {
+		// After the replicas are gone and their sandboxes destroyed.
+		t.Cleanup(func() { cl.unmountImage(t) })
 	}
 	t.Cleanup(func() { cl.destroySandboxes(t) })
 	st, err := postgres.Open(context.Background(), cl.storeURL)
