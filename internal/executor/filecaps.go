@@ -35,10 +35,18 @@ func (s *Server) workspace() (*workspace.Local, error) {
 		return nil, fmt.Errorf("files: %w", errShuttingDown)
 	}
 	if s.ws == nil {
-		ws, err := workspace.Open(s.cfg.Workspace, workspace.Owners{
+		owners := workspace.Owners{
 			Root: workspace.Owner{UID: 0, GID: 0},
 			User: workspace.Owner{UID: s.cfg.UID, GID: s.cfg.GID},
-		})
+		}
+		open := workspace.Open
+		if s.cfg.Unprivileged {
+			// A Pod's workspace is an emptyDir, the kubelet's (root's,
+			// mode 0777): make it a workspace as the control plane makes
+			// one on a host (the user's, with its uploads directory).
+			open = workspace.Init
+		}
+		ws, err := open(s.cfg.Workspace, owners)
 		if err != nil {
 			return nil, fmt.Errorf("files: %w: %w", err, errdefs.ErrUnavailable)
 		}
@@ -109,4 +117,30 @@ func raiseCaps(caps uint32) (restore func() error, err error) {
 		return nil, err
 	}
 	return func() error { return set(old) }, nil
+}
+
+// initWorkspace makes the workspace ready before any code runs, with the
+// file capabilities on this one thread (a Pod's emptyDir is not the
+// sandbox user's until then).
+func (s *Server) initWorkspace() error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := raiseCaps(fileCaps)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		_, err = s.workspace()
+		if restore() != nil {
+			// The thread keeps its capabilities: it ends with this
+			// goroutine, still locked.
+			done <- err
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
 }

@@ -92,7 +92,8 @@ func startPodSandbox(t *testing.T) *podSandbox {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Chown(p.workspace, 1000, 1000); err != nil {
+	// As the kubelet makes an emptyDir: root's, mode 0777.
+	if err := os.Chmod(p.workspace, 0o777); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(env.Executor)
@@ -211,6 +212,12 @@ func TestPodModeRuns(t *testing.T) {
 	p := startPodSandbox(t)
 	if got := p.ok(t, "print(6*7)"); got != "42\n" {
 		t.Fatalf("stdout %q", got)
+	}
+	// The workspace (a Pod's emptyDir, root's and 0777 when the Pod
+	// starts) is the user's, with its uploads directory the sandbox's
+	// root's, before any file call: as the control plane makes one.
+	if got := p.ok(t, "import os\nfor p in ('/workspace', '/workspace/uploads'):\n    st = os.lstat(p)\n    print(st.st_uid, oct(st.st_mode & 0o7777))"); got != "1000 0o711\n0 0o755\n" {
+		t.Errorf("the workspace at start: %q", got)
 	}
 	res := p.run(t, wire.RunRequest{Language: "bash", Code: "id -u; id -g; id -G; echo hi >&2; exit 3"})
 	if res.ExitCode != 3 || res.Stdout != "1000\n1000\n1000\n" || res.Stderr != "hi\n" {

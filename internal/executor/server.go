@@ -282,6 +282,11 @@ func (s *Server) Serve(ctx context.Context) error {
 		defer os.Remove(s.cfg.SocketPath)
 	}
 
+	if s.cfg.Unprivileged {
+		if err := s.initWorkspace(); err != nil {
+			return fmt.Errorf("executor: the workspace: %w", err)
+		}
+	}
 	s.wg.Add(1)
 	go s.superviseZygote()
 	if s.cfg.Unprivileged {
