@@ -504,3 +504,29 @@ func TestSessionEnv(t *testing.T) {
 		t.Fatalf("result: %+v %+v", x, x.Error)
 	}
 }
+
+// TestExecutorShutsDown: a sandbox ended from outside the way a Pod's
+// deletion ends it (its executor shuts down and answers its run
+// cancelled) fails the run as lost, not cancelled: no one here cancelled
+// it. The next run gets a new sandbox.
+func TestExecutorShutsDown(t *testing.T) {
+	h := newHarness(t)
+	h.session(t, "s")
+	r := h.submit(t, "s", api.ExecuteRequest{Code: "import time\nprint('up', flush=True)\ntime.sleep(600)"})
+	output(t, r, "up\n")
+	l := h.sandboxes(t)
+	if len(l) != 1 {
+		t.Fatalf("sandboxes: %+v", l)
+	}
+	if err := h.rt.Terminate(context.Background(), l[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	x := h.wait(t, h.svc, r.ID())
+	if x.Status != api.ExecFailed || x.Error == nil || x.Error.Type != ErrTypeSandboxLost {
+		t.Fatalf("result: %+v %+v", x, x.Error)
+	}
+	next := h.wait(t, h.svc, h.submit(t, "s", api.ExecuteRequest{Code: "return 'again'"}).ID())
+	if next.Status != api.ExecCompleted || string(next.ReturnValue) != `"again"` {
+		t.Fatalf("the next run: %+v %+v", next, next.Error)
+	}
+}

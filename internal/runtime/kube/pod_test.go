@@ -11,8 +11,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 )
 
 func newTestRuntime(t *testing.T) *Runtime {
@@ -268,5 +270,38 @@ func TestHolder(t *testing.T) {
 	}
 	if h := holder(); h != "" {
 		t.Fatalf("all gone: holder %q", h)
+	}
+}
+
+// TestSaveNeverHeld: a workspace no Pod ever held (a session hibernated
+// before its first call) saves as the empty workspace it is, and comes
+// back as one.
+func TestSaveNeverHeld(t *testing.T) {
+	r := newTestRuntime(t)
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	snaps := snapshot.New(blobs, "snapshots", snapshot.Limits{})
+	v := r.Volumes(snaps, 0)
+	ctx := t.Context()
+	if err := v.Create(ctx, "t/s", 0); err != nil {
+		t.Fatal(err)
+	}
+	mf, _, err := v.Save(ctx, "t/s", "t/s/hibernated", nil)
+	if err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	if mf.Files != 0 || mf.Dirs != 1 {
+		t.Errorf("saved %d files, %d dirs; want the root alone", mf.Files, mf.Dirs)
+	}
+	if there, err := v.Exists(ctx, "t/s"); err != nil || there {
+		t.Errorf("exists after a save of nothing: %v, %v", there, err)
+	}
+	if err := v.Restore(ctx, "t/s", "t/s/hibernated", 0); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if there, err := v.Exists(ctx, "t/s"); err != nil || !there {
+		t.Errorf("exists after a restore: %v, %v", there, err)
 	}
 }

@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -210,7 +212,11 @@ func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Man
 	if info == nil {
 		if err := v.snaps.Copy(ctx, checkpointKey(name), key); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
-				return nil, snapshot.Stats{}, fmt.Errorf("workspace %s: not held by a sandbox and never saved: %w", name, errdefs.ErrNotFound)
+				// No Pod ever held it, or none wrote to it: the new,
+				// empty workspace it is (an archive of no entry).
+				var empty bytes.Buffer
+				tar.NewWriter(&empty).Close()
+				return v.snaps.SaveArchive(ctx, &empty, key, nil)
 			}
 			return nil, snapshot.Stats{}, err
 		}
