@@ -34,6 +34,8 @@ type workspaceSnapshot struct {
 	modes map[string]fs.FileMode
 	// truncated is set when the walk gave up at maxWalkEntries.
 	truncated bool
+	// blind is set when part of the tree could not be read.
+	blind bool
 }
 
 // snapshotWorkspace walks root without following symbolic links: a link
@@ -44,6 +46,10 @@ func snapshotWorkspace(root string) workspaceSnapshot {
 	entries := 0
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			// What cannot be read (a directory user code made 000,
+			// the root if the walk lacks the right) is not known:
+			// unchanged cannot be said of it.
+			snap.blind = true
 			if d != nil && d.IsDir() && p != root {
 				return filepath.SkipDir // unreadable directory: skip it
 			}
@@ -106,5 +112,6 @@ func artifacts(before, after workspaceSnapshot) (paths []string, truncated bool)
 // or renamed, no file written, no mode changed. A link retargeted in place
 // within one timestamp tick is the one change it cannot see.
 func unchanged(before, after workspaceSnapshot) bool {
-	return !before.truncated && !after.truncated && maps.Equal(before.files, after.files) && maps.Equal(before.modes, after.modes)
+	return !before.truncated && !after.truncated && !before.blind && !after.blind &&
+		maps.Equal(before.files, after.files) && maps.Equal(before.modes, after.modes)
 }

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"io/fs"
 	"net/http"
 	"runtime"
 	"unsafe"
@@ -141,6 +142,33 @@ func (s *Server) initWorkspace() error {
 		}
 		runtime.UnlockOSThread()
 		done <- err
+	}()
+	return <-done
+}
+
+// snapshotWorkspace walks the workspace for a run's artifacts. Under runc
+// the executor reads any directory with DAC_READ_SEARCH, which it always
+// acts with; a Pod's executor has no such capability (Pod Security's
+// baseline has none), and the workspace (0711, the user's) is closed to
+// it: the walk runs with the file capabilities on its thread.
+func (s *Server) snapshotWorkspace() workspaceSnapshot {
+	if !s.cfg.Unprivileged {
+		return snapshotWorkspace(s.cfg.Workspace)
+	}
+	done := make(chan workspaceSnapshot, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := raiseCaps(fileCaps)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- workspaceSnapshot{files: map[string]fileKey{}, modes: map[string]fs.FileMode{}, blind: true}
+			return
+		}
+		snap := snapshotWorkspace(s.cfg.Workspace)
+		if restore() == nil {
+			runtime.UnlockOSThread()
+		} // else the thread ends with this goroutine, still locked
+		done <- snap
 	}()
 	return <-done
 }

@@ -219,6 +219,16 @@ func TestPodModeRuns(t *testing.T) {
 	if got := p.ok(t, "import os\nfor p in ('/workspace', '/workspace/uploads'):\n    st = os.lstat(p)\n    print(st.st_uid, oct(st.st_mode & 0o7777))"); got != "1000 0o711\n0 0o755\n" {
 		t.Errorf("the workspace at start: %q", got)
 	}
+	// The executor sees what a run changed in the user's 0711 workspace
+	// (artifacts, workspace_unchanged: a Pod's checkpoint is skipped on
+	// its word), and what it did not.
+	made := p.run(t, wire.RunRequest{Code: "import os\nos.makedirs('out', exist_ok=True)\nopen('out/code.txt', 'w').write('x')"})
+	if made.WorkspaceUnchanged || strings.Join(made.Artifacts, ",") != "out/code.txt" {
+		t.Errorf("a run that wrote out/code.txt: unchanged %v, artifacts %q", made.WorkspaceUnchanged, made.Artifacts)
+	}
+	if read := p.run(t, wire.RunRequest{Code: "print(open('out/code.txt').read())"}); !read.WorkspaceUnchanged || len(read.Artifacts) != 0 {
+		t.Errorf("a run that only read: unchanged %v, artifacts %q", read.WorkspaceUnchanged, read.Artifacts)
+	}
 	res := p.run(t, wire.RunRequest{Language: "bash", Code: "id -u; id -g; id -G; echo hi >&2; exit 3"})
 	if res.ExitCode != 3 || res.Stdout != "1000\n1000\n1000\n" || res.Stderr != "hi\n" {
 		t.Fatalf("bash: exit %d stdout %q stderr %q", res.ExitCode, res.Stdout, res.Stderr)

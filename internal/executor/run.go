@@ -56,7 +56,7 @@ type execution struct {
 // workspace's files and the OOM kill count.
 func (e *execution) begin() {
 	e.startedAt = time.Now().UTC()
-	e.before = snapshotWorkspace(e.s.cfg.Workspace)
+	e.before = e.s.snapshotWorkspace()
 	e.oomBefore = e.s.cg.oomKills()
 }
 
@@ -124,7 +124,7 @@ func (e *execution) supervise() {
 	if e.startedAt.IsZero() { // it never left the context's queue
 		res.StartedAt = time.Now().UTC()
 	} else {
-		after := snapshotWorkspace(s.cfg.Workspace)
+		after := s.snapshotWorkspace()
 		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, after)
 		res.WorkspaceUnchanged = unchanged(e.before, after)
 	}
