@@ -53,7 +53,8 @@ API=https://$GATEWAY:6443
 # runtime.DefaultResources.PIDs, is 256) and it holds every Pod of the
 # node: PostgreSQL's hundred-odd backends and the Go servers' threads fit.
 # A bomb of 1024 spinning processes in a sandbox's one-CPU quota starved
-# its executor past its run's timeout on this 2-core machine; 256 does not.
+# its executor past its run's timeout on this 2-core machine under load;
+# at 256 the runtime contract's fork-bomb test passes.
 # The kernel's pid_max here is 32768: the sandbox quota's 100 Pods fit.
 POD_PIDS_LIMIT=256
 # Static PersistentVolumes of the default StorageClass: directories
