@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"archive/tar"
+	"bytes"
 	goruntime "runtime"
 	"slices"
 	"strings"
@@ -273,10 +275,12 @@ func TestHolder(t *testing.T) {
 	}
 }
 
-// TestSaveNeverHeld: a workspace no Pod ever held (a session hibernated
-// before its first call) saves as the empty workspace it is, and comes
-// back as one.
-func TestSaveNeverHeld(t *testing.T) {
+// TestSaveWithoutPod: a workspace no Pod holds saves as its checkpoint:
+// the empty tree of a new one (a session hibernated before its first
+// call), and after a hibernation (the Pod gone, the workspace discarded)
+// the files it had, however often it is saved again. An older save path
+// once wrote the empty tree over a hibernated one.
+func TestSaveWithoutPod(t *testing.T) {
 	r := newTestRuntime(t)
 	blobs, err := blobfs.New(t.TempDir())
 	if err != nil {
@@ -290,18 +294,36 @@ func TestSaveNeverHeld(t *testing.T) {
 	}
 	mf, _, err := v.Save(ctx, "t/s", "t/s/hibernated", nil)
 	if err != nil {
-		t.Fatalf("save: %v", err)
+		t.Fatalf("save of a new workspace: %v", err)
 	}
 	if mf.Files != 0 || mf.Dirs != 1 {
 		t.Errorf("saved %d files, %d dirs; want the root alone", mf.Files, mf.Dirs)
 	}
-	if there, err := v.Exists(ctx, "t/s"); err != nil || there {
-		t.Errorf("exists after a save of nothing: %v, %v", there, err)
+	// The files a Pod's last checkpoint had.
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: "log.txt", Mode: 0o644, Size: 3, Uid: 1000, Gid: 1000, Typeflag: tar.TypeReg})
+	tw.Write([]byte("abc"))
+	tw.Close()
+	if _, _, err := snaps.SaveArchive(ctx, &b, checkpointKey("t/s"), nil); err != nil {
+		t.Fatal(err)
 	}
-	if err := v.Restore(ctx, "t/s", "t/s/hibernated", 0); err != nil {
-		t.Fatalf("restore: %v", err)
+	for i := range 2 { // hibernated, then hibernated again
+		mf, _, err := v.Save(ctx, "t/s", "t/s/hibernated", nil)
+		if err != nil || mf.Files != 1 {
+			t.Fatalf("save %d without a Pod: %+v, %v; want the checkpoint's file", i, mf, err)
+		}
+		if err := v.Discard(ctx, "t/s"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if there, err := v.Exists(ctx, "t/s"); err != nil || !there {
-		t.Errorf("exists after a restore: %v, %v", there, err)
+		t.Errorf("exists after a discard: %v, %v", there, err)
+	}
+	if err := v.Remove(ctx, "t/s"); err != nil {
+		t.Fatal(err)
+	}
+	if there, err := v.Exists(ctx, "t/s"); err != nil || there {
+		t.Errorf("exists after a remove: %v, %v", there, err)
 	}
 }

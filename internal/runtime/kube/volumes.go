@@ -159,9 +159,18 @@ func (v *Volumes) client(id string, diskMB int64) (*execclient.Client, *execclie
 
 // Create makes name a new, empty workspace: no checkpoint. Its Pod, when
 // one starts, begins empty.
+//
+// Every workspace has a checkpoint from its creation on (here, the empty
+// tree) until Remove: the checkpoint is the workspace whenever no Pod
+// holds it, so that a save with no Pod (a hibernation, a snapshot) always
+// has the tree to save, and never mistakes a workspace whose Pod is gone
+// for one that never held a file.
 func (v *Volumes) Create(ctx context.Context, name string, diskMB int64) error {
 	v.forget(name)
-	return v.snaps.Delete(ctx, checkpointKey(name))
+	var empty bytes.Buffer
+	tar.NewWriter(&empty).Close() // an archive of no entry: a new, empty workspace
+	_, _, err := v.snaps.SaveArchive(ctx, &empty, checkpointKey(name), nil)
+	return err
 }
 
 // Open opens the workspace of the running sandbox that holds it;
@@ -212,18 +221,30 @@ func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Man
 	if info == nil {
 		if err := v.snaps.Copy(ctx, checkpointKey(name), key); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
-				// No Pod ever held it, or none wrote to it: the new,
-				// empty workspace it is (an archive of no entry).
-				var empty bytes.Buffer
-				tar.NewWriter(&empty).Close()
-				return v.snaps.SaveArchive(ctx, &empty, key, nil)
+				return nil, snapshot.Stats{}, fmt.Errorf("workspace %s: not held by a sandbox and no checkpoint: %w", name, errdefs.ErrNotFound)
 			}
 			return nil, snapshot.Stats{}, err
 		}
 		mf, err := v.snaps.Load(ctx, key)
 		return mf, snapshot.Stats{}, err
 	}
-	return v.export(ctx, info, key, prev)
+	// The live tree is newer than the checkpoint: it is the checkpoint
+	// now too (a hibernation's Pod goes next, and the checkpoint is what
+	// the session wakes to).
+	defer v.serialise(name)()
+	mf, st, err := v.export(ctx, info, key, prev)
+	if err != nil {
+		return nil, st, err
+	}
+	if key != checkpointKey(name) {
+		if err := v.snaps.Copy(ctx, key, checkpointKey(name)); err != nil {
+			return nil, st, err
+		}
+	}
+	v.mu.Lock()
+	v.last[name] = mf
+	v.mu.Unlock()
+	return mf, st, nil
 }
 
 // export saves the workspace of the sandbox info says under key.
@@ -288,8 +309,10 @@ func (v *Volumes) Restore(ctx context.Context, name, key string, diskMB int64) e
 // is the session's files: it is imported into the Pod through its
 // executor, and kept.
 func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
-	_, err := v.snaps.Load(ctx, checkpointKey(name))
-	saved := err == nil
+	mf, err := v.snaps.Load(ctx, checkpointKey(name))
+	// A checkpoint of more than the empty tree (a session that had files
+	// before its first sandbox) goes into the claimed Pod.
+	saved := err == nil && (mf.Files > 0 || mf.Dirs > 1 || mf.Symlinks > 0)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
 	}
@@ -320,10 +343,16 @@ func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
 	return v.snaps.Delete(ctx, checkpointKey(pooled))
 }
 
-// Discard and Remove drop the workspace's checkpoint; its Pod's files go
-// with the Pod.
-func (v *Volumes) Discard(ctx context.Context, name string) error { return v.Remove(ctx, name) }
+// Discard keeps the checkpoint: after a hibernation, its Pod gone, the
+// checkpoint is the workspace (a second save without a Pod copies it; a
+// wake starts a Pod from it). Nothing of it is on a host to take away.
+func (v *Volumes) Discard(ctx context.Context, name string) error {
+	v.forget(name)
+	return nil
+}
 
+// Remove drops the workspace's checkpoint; its Pod's files go with the
+// Pod.
 func (v *Volumes) Remove(ctx context.Context, name string) error {
 	v.forget(name)
 	return v.snaps.Delete(ctx, checkpointKey(name))
