@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -167,6 +168,11 @@ func (v *Volumes) client(id string, diskMB int64) (*execclient.Client, *execclie
 // for one that never held a file.
 func (v *Volumes) Create(ctx context.Context, name string, diskMB int64) error {
 	v.forget(name)
+	if strings.HasPrefix(name, workspace.PoolVolume("")) {
+		// A warm pool's Pod holds nothing of anyone's until a claim
+		// makes its workspace a session's: nothing to keep of it.
+		return nil
+	}
 	var empty bytes.Buffer
 	tar.NewWriter(&empty).Close() // an archive of no entry: a new, empty workspace
 	_, _, err := v.snaps.SaveArchive(ctx, &empty, checkpointKey(name), nil)
