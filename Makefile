@@ -5,7 +5,7 @@ STATICCHECK ?= $(shell $(GO) env GOPATH)/bin/staticcheck
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION) -X github.com/sbx-sandbox/sbx/internal/executor.Version=$(VERSION)
 
-.PHONY: all setup build test test-integration bench lint run deb test-deb ci clean
+.PHONY: all setup build test test-integration bench lint run deb test-deb ci clean kube-up kube-down
 
 all: build
 
@@ -61,8 +61,20 @@ test-deb:
 
 # ci is what .ci/run runs (after scripts/setup.sh): everything a change must
 # pass. The integration run includes the unit tests, so they run once; the
-# package's test runs after it, when the python template is built.
-ci: lint test-integration test-deb
+# package's test runs after it, when the python template is built. The test
+# cluster comes up first (minutes the first time, seconds once its binaries
+# are cached): the kubernetes runtime's tests run against it, and a missing
+# cluster fails them under CI. It stays up; `make kube-down` removes it.
+ci: lint kube-up test-integration test-deb
+
+# kube-up starts the one-node test cluster of the kubernetes runtime
+# (scripts/kube.sh, docs/kubernetes.md; root); kube-down removes it and
+# every trace but keeps the cached binaries.
+kube-up:
+	scripts/kube.sh up
+
+kube-down:
+	scripts/kube.sh down
 
 clean:
 	rm -rf bin

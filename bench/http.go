@@ -177,12 +177,30 @@ func benchHTTP(ctx context.Context, rt *oci.Runtime, inProcess samples, add func
 // benchConcurrent creates many sessions and runs one execution in each, all
 // at once.
 func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
-	n := *concurrent
+	r := runConcurrent(ctx, c, *concurrent)
+	name := fmt.Sprintf("(g) %d sessions created at once, one execution each", r.n)
+	add(row{name: name + ": all done", p50: r.total, goal: "0 errors", vs: fmt.Sprintf("%d errors", len(r.errs))})
+	add(row{name: "    submit -> result per session (sandbox start included)", p50: r.lat.p(50), p99: r.lat.p(99)})
+	add(row{name: fmt.Sprintf("    delete %d sessions (sandboxes killed)", r.n), p50: r.del})
+}
+
+// concurrentRun is what runConcurrent measured: the wall time until every
+// session had its result, each session's submit -> result (sorted), the
+// failures, and the wall time of deleting them all at once.
+type concurrentRun struct {
+	n          int
+	total, del time.Duration
+	lat        samples
+	errs       []error
+}
+
+// runConcurrent creates n sessions and runs one execution in each, all at
+// once, then deletes them all at once. The first errors go to stderr.
+func runConcurrent(ctx context.Context, c *client.Client, n int) concurrentRun {
 	t0 := time.Now()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var errs []error
-	var lat samples
+	r := concurrentRun{n: n}
 	for k := range n {
 		wg.Add(1)
 		go func() {
@@ -190,7 +208,7 @@ func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
 			id := fmt.Sprintf("conc-%d", k)
 			fail := func(err error) {
 				mu.Lock()
-				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				r.errs = append(r.errs, fmt.Errorf("%s: %w", id, err))
 				mu.Unlock()
 			}
 			if _, _, err := c.CreateSession(ctx, api.CreateSessionRequest{SessionID: id, TemplateID: "python"}); err != nil {
@@ -208,17 +226,14 @@ func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
 				return
 			}
 			mu.Lock()
-			lat = append(lat, time.Since(s0))
+			r.lat = append(r.lat, time.Since(s0))
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
-	total := time.Since(t0)
-	sortSamples(lat)
-	name := fmt.Sprintf("(g) %d sessions created at once, one execution each", n)
-	add(row{name: name + ": all done", p50: total, goal: "0 errors", vs: fmt.Sprintf("%d errors", len(errs))})
-	add(row{name: "    submit -> result per session (sandbox start included)", p50: lat.p(50), p99: lat.p(99)})
-	for _, err := range errs[:min(len(errs), 5)] {
+	r.total = time.Since(t0)
+	sortSamples(r.lat)
+	for _, err := range r.errs[:min(len(r.errs), 5)] {
 		fmt.Fprintln(os.Stderr, "bench: error:", err)
 	}
 	t1 := time.Now()
@@ -230,7 +245,8 @@ func benchConcurrent(ctx context.Context, c *client.Client, add func(row)) {
 		}()
 	}
 	wg.Wait()
-	add(row{name: fmt.Sprintf("    delete %d sessions (sandboxes killed)", n), p50: time.Since(t1)})
+	r.del = time.Since(t1)
+	return r
 }
 
 // benchRecords measures what a session record costs the control plane:

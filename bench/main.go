@@ -8,10 +8,14 @@
 // lifecycle (lifecycle.go): pause, resume, hibernate, restore, snapshots.
 // With -only scale (scale.go), the production backends against the
 // embedded ones in one run: PostgreSQL against SQLite, MinIO against
-// local files, on throwaway servers.
+// local files, on throwaway servers. With -only kube (kube.go), the
+// kubernetes runtime (sandboxes as Pods of the test cluster) against runc
+// in one run: warm-pool claims, cold creates, round trips, transfers,
+// hibernation and 100 sessions at once, each with its kube/runc ratio.
 //
 //	make bench            # or: go run ./bench -n 200
 //	go run ./bench -only scale
+//	go run ./bench -only kube   # scripts/kube.sh up first; make build
 //
 // Needs root and the built templates (it builds them on first use).
 package main
@@ -48,7 +52,7 @@ var (
 	dataDir   = flag.String("data-dir", envOr("SBX_DATA_DIR", "/var/lib/sbx"), "where templates are built")
 	skipDS    = flag.Bool("skip-datascience", false, "skip the python-datascience measures")
 	skipHTTP  = flag.Bool("skip-http", false, "skip the control-plane (HTTP) measures")
-	only      = flag.String("only", "", "run only this measure: records, resources, mcp or manyfiles (no sandbox); trace (spans on and off, against -trace-baseline; trace.go); scale (PostgreSQL and MinIO against SQLite and local files: all of scale-http, scale-records, scale-blob, scale-reaper; scale.go)")
+	only      = flag.String("only", "", "run only this measure: records, resources, mcp or manyfiles (no sandbox); trace (spans on and off, against -trace-baseline; trace.go); scale (PostgreSQL and MinIO against SQLite and local files: all of scale-http, scale-records, scale-blob, scale-reaper; scale.go); kube (Pods of a Kubernetes cluster against runc; kube.go)")
 	stateRoot = "/run/sbx-bench"
 )
 
@@ -72,10 +76,12 @@ func main() {
 			benchManyFiles(ctx, add)
 		case "trace":
 			benchTrace(ctx, add)
+		case "kube":
+			benchKube(ctx, add)
 		case "scale", "scale-http", "scale-records", "scale-blob", "scale-reaper":
 			benchScale(ctx, *only, add)
 		default:
-			log.Fatalf("bench: -only %q: want records, resources, mcp, manyfiles, trace, scale, scale-http, scale-records, scale-blob or scale-reaper", *only)
+			log.Fatalf("bench: -only %q: want records, resources, mcp, manyfiles, trace, kube, scale, scale-http, scale-records, scale-blob or scale-reaper", *only)
 		}
 		printTable(rows)
 		return

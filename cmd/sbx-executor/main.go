@@ -1,6 +1,7 @@
 // Command sbx-executor is the daemon inside every sandbox: PID 1 of the
 // container, serving the executor protocol (internal/executor/PROTOCOL.md)
-// on a unix socket. It must be built static (CGO_ENABLED=0): it is
+// on a unix socket, or with --listen on a TCP address (a pod's IP), where
+// it accepts only connections that open with the control plane's token. It must be built static (CGO_ENABLED=0): it is
 // bind-mounted into rootfs images that may have no matching libc.
 package main
 
@@ -10,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	goruntime "runtime"
@@ -20,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/internal/executor"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/seccomp"
 )
 
@@ -60,6 +63,9 @@ func run() error {
 		logLevel string
 		logFile  string
 		logMax   int64
+		listen   string
+		pubKey   string
+		sandbox  string
 	)
 	flag.StringVar(&cfg.SocketPath, "socket", "/run/sbx/executor.sock", "unix socket to serve the API on; its directory becomes root-only")
 	flag.StringVar(&cfg.Workspace, "workspace", "/workspace", "the session's files; default cwd of executions")
@@ -70,7 +76,11 @@ func run() error {
 	flag.StringVar(&envFile, "env-file", "", "JSON object of variables for user code only (template and session env_vars); never this process's or the zygote's environment")
 	flag.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	flag.StringVar(&logFile, "log-file", "", "write the log, and what the zygote writes to stderr, to this file instead of stderr, rotated at --log-max-bytes")
+	flag.BoolVar(&cfg.Unprivileged, "unprivileged", false, "run without CAP_SYS_ADMIN or namespaces of our own, as in a Kubernetes Pod (internal/executor/unprivileged.go; docs/SECURITY.md, \"In a Pod\")")
 	flag.Int64Var(&logMax, "log-max-bytes", 256<<10, "size at which --log-file is rotated (one older file is kept)")
+	flag.StringVar(&listen, "listen", "", "TCP address to serve the API on instead of --socket; every connection must carry a token of the control plane (needs --auth-public-key and --sandbox-id)")
+	flag.StringVar(&pubKey, "auth-public-key", "", "base64 ed25519 public key the control plane's tokens verify with (default $"+envPublicKey+")")
+	flag.StringVar(&sandbox, "sandbox-id", "", "this sandbox's id: tokens for another are refused (default $"+envSandboxID+")")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", flag.Args())
@@ -109,7 +119,11 @@ func run() error {
 		lastWords = orig
 	}
 	cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	filter, err := seccomp.InnerFilter()
+	innerFilter := seccomp.InnerFilter
+	if cfg.Unprivileged {
+		innerFilter = seccomp.UnprivilegedInnerFilter
+	}
+	filter, err := innerFilter()
 	if err != nil {
 		return fmt.Errorf("inner seccomp filter: %w", err)
 	}
@@ -118,6 +132,15 @@ func run() error {
 		return err
 	}
 
+	cfg.Auth, err = networkAuth(listen, pubKey, sandbox, os.Getenv)
+	if err != nil {
+		return err
+	}
+	if listen != "" {
+		if cfg.Listener, err = net.Listen("tcp", listen); err != nil {
+			return fmt.Errorf("--listen: %w", err)
+		}
+	}
 	srv, err := executor.New(cfg)
 	if err != nil {
 		return err
@@ -127,6 +150,42 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return srv.Serve(ctx)
+}
+
+const (
+	envPublicKey = "SBX_EXECUTOR_PUBLIC_KEY"
+	envSandboxID = "SBX_SANDBOX_ID"
+)
+
+// networkAuth is the token check of a TCP listener, from the flags or
+// the environment. A TCP listener without one is refused (never an
+// anonymous API on a network), and so is a key or id given without
+// --listen: half a configuration is a mistake to report, not to guess at.
+func networkAuth(listen, pubKey, sandbox string, getenv func(string) string) (*token.Verifier, error) {
+	if pubKey == "" {
+		pubKey = getenv(envPublicKey)
+	}
+	if sandbox == "" {
+		sandbox = getenv(envSandboxID)
+	}
+	if listen == "" {
+		if pubKey != "" || sandbox != "" {
+			return nil, fmt.Errorf("--auth-public-key and --sandbox-id ($%s, $%s) are for --listen, which is not set", envPublicKey, envSandboxID)
+		}
+		return nil, nil
+	}
+	if pubKey == "" || sandbox == "" {
+		return nil, fmt.Errorf("--listen needs --auth-public-key ($%s) and --sandbox-id ($%s): an executor on a network accepts only the control plane", envPublicKey, envSandboxID)
+	}
+	key, err := token.ParsePublicKey(pubKey)
+	if err != nil {
+		return nil, fmt.Errorf("--auth-public-key: %w", err)
+	}
+	v, err := token.NewVerifier(key, sandbox)
+	if err != nil {
+		return nil, fmt.Errorf("--sandbox-id: %w", err)
+	}
+	return v, nil
 }
 
 // readEnvFile reads the variables user code gets. They come from the

@@ -21,6 +21,7 @@ commands:
   files      upload, list, download and remove a session's files (sbx files -h)
   mcp        serve a server's tools as an MCP server on stdio (sbx mcp -h)
   template   build, list and remove templates (sbx template -h)
+  image      export templates and files as OCI images (sbx image -h)
   version    print the version
 
 Global settings come from the environment:
@@ -50,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return runCode(ctx, args[1:], stdout, stderr)
 	case "template":
 		return runTemplate(ctx, args[1:], stdout, stderr)
+	case "image":
+		return runImage(ctx, args[1:], stdout, stderr)
 	case "session":
 		return runSession(ctx, args[1:], stdout, stderr)
 	case "exec":

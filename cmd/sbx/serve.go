@@ -48,6 +48,7 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		data       = fs.String("data-dir", dataDir(), "data `dir`: database, templates, workspaces, blobs (env SBX_DATA_DIR)")
 		state      = fs.String("state-dir", stateDir(), "sandbox state `dir` (env SBX_STATE_DIR)")
 		storeURL   = fs.String("store", os.Getenv("SBX_STORE"), "metadata store `URL`: sqlite:///PATH (default DATA-DIR/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=disable (env SBX_STORE)")
+		storeWait  = fs.Duration("store-wait", time.Minute, "how long to wait at start for a PostgreSQL store that does not answer yet")
 		blobURL    = fs.String("blob", os.Getenv("SBX_BLOB"), "blob store `URL`: file:///PATH (default DATA-DIR/blobs) or s3://BUCKET/PREFIX?endpoint=http://HOST:PORT&region=REGION (credentials from the AWS environment and shared config; env SBX_BLOB)")
 		tmplDir    = fs.String("template-dir", "", "built templates `dir` (default DATA-DIR/templates)")
 		level      = fs.String("log-level", "info", "debug, info, warn or error")
@@ -84,13 +85,18 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		llmTokens  = fs.Int("llm-history-tokens", chat.DefaultHistoryTokens, "budget of a chat's history in tokens (bytes / 4), past which older turns are summarized too")
 		evKeep     = fs.Duration("event-retention", app.DefaultEventRetention, "how long lifecycle events are kept (the streams and webhooks read them)")
 		metricsTok = fs.String("metrics-token", "", "the `TOKEN` GET /metrics asks for as Authorization: Bearer TOKEN; with API keys it is required (an API key gets 403: the metrics name every tenant) (env SBX_METRICS_TOKEN, better: every user of the machine sees a command line)")
+		rtName     = fs.String("runtime", "runc", "where sandboxes run: runc (containers on this host) or kubernetes (Pods of a cluster: in-cluster config, or --kubeconfig)")
+		kubeconfig = fs.String("kubeconfig", "", "with --runtime kubernetes: the cluster's kubeconfig `file` (default: the cluster sbx runs in)")
+		sandboxNS  = fs.String("sandbox-namespace", "sbx-sandboxes", "with --runtime kubernetes: the `namespace` of sandbox Pods and of the executors' signing key")
+		registry   = fs.String("registry", "", "with --runtime kubernetes: the registry `HOST[/PREFIX]` Pods pull template images from (sbx image push); default: images provided on the nodes")
+		runtimeCls = fs.String("runtime-class", "", "with --runtime kubernetes: the RuntimeClass of sandbox Pods (gVisor, say)")
 		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
 	)
 	fs.Var(&tenantLim, "tenant-limit", "one tenant's limits as `TENANT:NAME=VALUE,...`, over --limits (repeatable)")
-	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable)")
+	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable); with --runtime kubernetes the size is the deployment's, shared by every replica and filled by the leader")
 	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -216,9 +222,19 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			templates = append(templates, t)
 		}
 	}
+	var kubernetes *app.Kubernetes
+	switch *rtName {
+	case "runc":
+	case "kubernetes":
+		kubernetes = &app.Kubernetes{Kubeconfig: *kubeconfig, Namespace: *sandboxNS, Registry: *registry, RuntimeClass: *runtimeCls}
+	default:
+		fmt.Fprintf(stderr, "sbx serve: --runtime %q: want runc or kubernetes\n", *rtName)
+		return 2
+	}
 	a, err := app.Open(ctx, app.Config{
-		Addr: *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
-		Store: *storeURL, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
+		Kubernetes: kubernetes,
+		Addr:       *addr, Version: version, DataDir: *data, StateDir: *state, TemplateDir: *tmplDir, TemplateBuilds: *tmplBuilds, Keys: keys, MetricsToken: *metricsTok, Prebuild: templates, Log: log,
+		Store: *storeURL, StoreWait: *storeWait, Blob: *blobURL, PresignMaxBytes: *presignMax, E2BTokenTTL: *e2bTTL,
 		Defaults:     session.Defaults{TTL: *ttl, IdleTimeout: *idle, HibernateTimeout: *hibern},
 		MaxSandboxes: *maxSbx, Pools: pools, WorkspaceQuota: *wsQuota, WorkspaceImageSize: *imageSize << 30,
 		LimitsFor: limitsFor, DiskOvercommit: *overcommit, MaxResources: maxRes, Chat: llm,

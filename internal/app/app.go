@@ -23,12 +23,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
 	"github.com/sbx-sandbox/sbx/internal/files"
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/session"
@@ -58,6 +60,9 @@ type Config struct {
 	// DataDir/sbx.db) or postgres://USER:PASSWORD@HOST:PORT/DB?sslmode=...
 	// (backends.go).
 	Store string
+	// StoreWait is how long Open waits for a PostgreSQL store that does
+	// not answer (a database starting beside the server); 0: not at all.
+	StoreWait time.Duration
 	// Blob is the URL of the blob store: file:///PATH (default
 	// DataDir/blobs).
 	Blob string
@@ -90,6 +95,11 @@ type Config struct {
 	// one made here must resolve them the same way. Tests swap in a fake
 	// or a failing one.
 	Runtime func(name string) (runtime.Runtime, error)
+	// Kubernetes, when set, runs sandboxes as Pods of a cluster
+	// (internal/runtime/kube) instead of containers on this host; Runtime
+	// is then ignored. Their workspaces live in the Pods and are
+	// checkpointed to the blob store, which every replica must share.
+	Kubernetes *Kubernetes
 	// Defaults are the lifecycle periods of sessions that set none
 	// (idle pause, hibernation, TTL); zero fields take the built-in ones.
 	Defaults session.Defaults
@@ -264,7 +274,11 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	}
 	// The state directory is the default runtime's; a runtime given in
 	// cfg keeps its own.
-	if cfg.Runtime == nil {
+	if cfg.Kubernetes != nil {
+		// Nothing of a sandbox is on this host: no workspace directories
+		// to hold to a quota.
+		cfg.WorkspaceQuota = "off"
+	} else if cfg.Runtime == nil {
 		if err := checkStateDir(cfg.StateDir, cfg.DataDir); err != nil {
 			return nil, err
 		}
@@ -277,9 +291,22 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStore(ctx, cfg.Store, cfg.DataDir)
+	st, err := openStore(ctx, cfg.Store, cfg.DataDir, cfg.StoreWait)
 	if err != nil {
 		return nil, err
+	}
+	if _, alone := st.(*sqlite.Store); !alone {
+		// Replicas of a shared store need not share a data directory:
+		// the deployment's instance and signing key are the store's.
+		if key, err = shared(ctx, st, "signing-key", key); err == nil {
+			var b []byte
+			b, err = shared(ctx, st, "instance-id", []byte(instance))
+			instance = string(b)
+		}
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
 	}
 	blobs, err := openBlobs(ctx, cfg.Blob, cfg.DataDir)
 	if err != nil {
@@ -290,12 +317,29 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		cfg.TemplateDir = filepath.Join(cfg.DataDir, "templates")
 	}
 	templates := template.NewStore(cfg.TemplateDir)
-	templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	if cfg.Kubernetes == nil {
+		// A server whose sandboxes are Pods has no OCI runtime to build
+		// in: its templates are built elsewhere and their images provided
+		// (sbx image push; docs/kubernetes.md), and a build is refused.
+		templates.Jobs = oci.NewJobRunner(oci.Config{StateDir: cfg.StateDir, Log: log})
+	}
 	// A sandbox's image is a template build of the store, its volume a
 	// workspace under DATA/workspaces: what the runtime resolves them to.
 	volumes := workspace.Volumes(filepath.Join(cfg.DataDir, "workspaces"))
 	newRuntime := cfg.Runtime
-	if newRuntime == nil {
+	var pods *kube.Runtime
+	if cfg.Kubernetes != nil {
+		if pods, err = openKubernetes(ctx, *cfg.Kubernetes, cfg.ExecutorPath, log); err != nil {
+			st.Close()
+			return nil, err
+		}
+		newRuntime = func(name string) (runtime.Runtime, error) {
+			if name != "" && name != "runc" {
+				return nil, fmt.Errorf("runtime %q: sandboxes run as Pods here; a template's runtime other than runc is not supported on Kubernetes yet: %w", name, errdefs.ErrInvalidArgument)
+			}
+			return pods, nil
+		}
+	} else if newRuntime == nil {
 		newRuntime = func(name string) (runtime.Runtime, error) {
 			return oci.New(oci.Config{Runtime: name, StateDir: cfg.StateDir, ExecutorPath: cfg.ExecutorPath, Log: log,
 				Images: templates, Volumes: volumes})
@@ -306,6 +350,10 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	// file calls without it.
 	var owners workspace.Owners
 	rootUID, userUID := oci.DefaultOwners()
+	if pods != nil {
+		// A Pod's files carry the sandbox's own ids: no host maps them.
+		rootUID, userUID = 0, kube.SandboxUID
+	}
 	owners.Root, owners.User = workspace.Owner{UID: rootUID, GID: rootUID}, workspace.Owner{UID: userUID, GID: userUID}
 	if rt, err := newRuntime(""); err != nil {
 		log.Error("the default sandbox runtime is not usable; executions will fail until it is", "err", err)
@@ -393,8 +441,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 		}
 		return cfg.Limits
 	}
+	var workspaces workspace.Store
+	if pods != nil {
+		workspaces = pods.Volumes(snaps, 0)
+	}
 	mgr := session.New(session.Options{
-		Store: st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
+		Workspaces: workspaces,
+		Store:      st, Templates: templates, Resolve: reg.Resolve, NotBuilt: reg.NotBuilt, Runtime: newRuntime,
 		WorkspaceDir: filepath.Join(cfg.DataDir, "workspaces"), Quota: quotas, Owners: owners, Log: log,
 		Defaults: cfg.Defaults, MaxSandboxes: cfg.MaxSandboxes, ReapInterval: cfg.ReapInterval,
 		Snapshots: snaps, Pools: cfg.Pools,

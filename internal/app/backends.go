@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/blob"
@@ -31,7 +33,9 @@ import (
 // never repeated in it.
 
 // openStore opens the metadata store raw names ("" is the default).
-func openStore(ctx context.Context, raw, dataDir string) (store.Store, error) {
+// openStore opens the store at raw; a PostgreSQL server that does not
+// answer is waited for up to wait.
+func openStore(ctx context.Context, raw, dataDir string, wait time.Duration) (store.Store, error) {
 	if raw == "" {
 		raw = "sqlite://" + filepath.Join(dataDir, "sbx.db")
 	}
@@ -48,11 +52,25 @@ func openStore(ctx context.Context, raw, dataDir string) (store.Store, error) {
 		}
 		return st, nil
 	case "postgres", "postgresql":
-		st, err := postgres.Open(ctx, raw)
-		if err != nil {
-			return nil, fmt.Errorf("--store postgres: %w", err)
+		// A server that starts with its database (a Deployment beside a
+		// StatefulSet, a NetworkPolicy not yet programmed for a new Pod)
+		// waits for it a while rather than exit and be restarted later.
+		deadline := time.Now().Add(wait)
+		for wait := 500 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+			st, err := postgres.Open(ctx, raw)
+			if err == nil {
+				return st, nil
+			}
+			if !errors.Is(err, errdefs.ErrUnavailable) || time.Now().Add(wait).After(deadline) {
+				return nil, fmt.Errorf("--store postgres: %w", err)
+			}
+			slog.Warn("the store does not answer yet; waiting", "err", err, "retry_in", wait)
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("--store postgres: %w", err)
+			case <-time.After(wait):
+			}
 		}
-		return st, nil
 	}
 	return nil, fmt.Errorf("--store %q: want sqlite:///PATH or postgres://USER:PASSWORD@HOST:PORT/DB: %w", redact(raw), errdefs.ErrInvalidArgument)
 }

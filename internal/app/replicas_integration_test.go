@@ -34,10 +34,12 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/quota"
 	"github.com/sbx-sandbox/sbx/internal/quota/quotatest"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store/postgres"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
+	"github.com/sbx-sandbox/sbx/internal/testenv/kubetest"
 	"github.com/sbx-sandbox/sbx/internal/testenv/miniotest"
 	"github.com/sbx-sandbox/sbx/internal/testenv/pgtest"
 )
@@ -76,32 +78,77 @@ func TestReplicas(t *testing.T) {
 	// is unmounted, then the database is dropped and the data directory
 	// removed.
 	dir := t.TempDir()
-	storeURL := pgtest.URL(t)
-	bucket := miniotest.New(t)
-	logDir := os.Getenv("SBX_REPLICAS_LOG_DIR")
-	if logDir == "" {
-		logDir = t.TempDir()
-	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	state := filepath.Join(env.StateRoot, "rp")
 	rt, err := oci.New(oci.Config{StateDir: state, ExecutorPath: env.Executor})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &cluster{
-		sbx: sbx, dir: dir, state: state, logDir: logDir, rt: rt,
-		storeURL: storeURL,
-		blobURL:  fmt.Sprintf("s3://%s/%s?endpoint=%s&region=%s", bucket.Name, blobPrefix, bucket.Endpoint, miniotest.Region),
+	cl := &cluster{sbx: sbx, dir: dir, state: state, rt: rt}
+	cl.setUp(t)
+	cl.run(t)
+}
+
+// TestReplicasKubernetes is the same suite on the kubernetes runtime, as
+// a cluster deployment has it: each replica a data directory of its own
+// (a Pod's emptyDir: nothing shared on disk, and a restarted replica
+// starts with an empty one), sandboxes as Pods in the test's namespace,
+// the executors' signing key in a Secret there, and the same shared
+// PostgreSQL and MinIO. Kube-only subtests delete sandbox Pods from
+// outside and leave orphans for the leader.
+func TestReplicasKubernetes(t *testing.T) {
+	env := testenv.New(t)
+	pgtest.Require(t)
+	kc := kubetest.New(t)
+	kubetest.Image(t, "python")
+	sbx := env.Sbx(t)
+
+	// The key every replica signs executor tokens with: made here so that
+	// this test's own runtime (listing, and the orphans it starts) signs
+	// with it too; the replicas find it.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	signer, err := kube.LoadSigner(ctx, kc.Client, kc.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt, err := kube.New(kube.Config{Client: kc.Client, Namespace: kc.Namespace, Signer: signer,
+		PullPolicy: "Never", ImageSuffix: kubetest.Suffix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &cluster{sbx: sbx, dir: t.TempDir(), kube: kc, rt: rt}
+	cl.setUp(t)
+	cl.run(t)
+}
+
+// setUp gives cl its store, its bucket and its three replicas, and
+// registers their cleanups.
+func (cl *cluster) setUp(t *testing.T) {
+	cl.storeURL = pgtest.URL(t)
+	bucket := miniotest.New(t)
+	cl.blobURL = fmt.Sprintf("s3://%s/%s?endpoint=%s&region=%s", bucket.Name, blobPrefix, bucket.Endpoint, miniotest.Region)
+	cl.logDir = os.Getenv("SBX_REPLICAS_LOG_DIR")
+	if cl.logDir == "" {
+		cl.logDir = t.TempDir()
+	} else if err := os.MkdirAll(cl.logDir, 0o755); err != nil {
+		t.Fatal(err)
 	}
 	cl.env = append(os.Environ(),
 		"AWS_ACCESS_KEY_ID="+miniotest.AccessKey,
 		"AWS_SECRET_ACCESS_KEY="+miniotest.SecretKey,
 		"AWS_REGION="+miniotest.Region,
 	)
-	t.Cleanup(func() { cl.unmountImage(t) })
+	if cl.kube != nil {
+		// Where a replica's Pod would have it from the downward API: the
+		// Secret of the executors' key is looked for there.
+		cl.env = append(cl.env, "POD_NAMESPACE="+cl.kube.Namespace)
+	}
+	if cl.kube == nil {
+		// After the replicas are gone and their sandboxes destroyed.
+		t.Cleanup(func() { cl.unmountImage(t) })
+	}
 	t.Cleanup(func() { cl.destroySandboxes(t) })
-	st, err := postgres.Open(context.Background(), storeURL)
+	st, err := postgres.Open(context.Background(), cl.storeURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,12 +160,16 @@ func TestReplicas(t *testing.T) {
 	}
 	t.Cleanup(cl.killAll)
 
-	// One at a time: the first mounts the shared workspace image, the
-	// others find it mounted.
+	// One at a time: on runc the first mounts the shared workspace image,
+	// the others find it mounted.
 	for i := range cl.reps {
 		cl.start(t, i)
 	}
+}
 
+// run runs the suite on cl: every subtest on both runtimes but those that
+// check what only one has.
+func (cl *cluster) run(t *testing.T) {
 	t.Run("CreateElsewhere", cl.testCreateElsewhere)
 	t.Run("ConcurrentCreates", cl.testConcurrentCreates)
 	t.Run("HibernateRestoreAcross", cl.testHibernateRestoreAcross)
@@ -130,6 +181,14 @@ func TestReplicas(t *testing.T) {
 	t.Run("OutcomeIsFinal", cl.testOutcomeIsFinal)
 	t.Run("MixedTraffic", cl.testMixedTraffic)
 	t.Run("EventsAcross", cl.testEventsAcross)
+	if cl.kube != nil {
+		// What only Pods do: they are deleted and evicted from outside
+		// sbx, and they outlive the replica that made them.
+		t.Run("PodDeleted", cl.testPodDeleted)
+		t.Run("PodAndReplicaKilled", cl.testPodAndReplicaKilled)
+		t.Run("PodDeletedMidExecution", cl.testPodDeletedMidExecution)
+		t.Run("Orphans", cl.testOrphans)
+	}
 }
 
 // errorLog is the replicas' clients' transport: it keeps the 5xx answers
@@ -165,12 +224,18 @@ func (cl *cluster) takeErrors() []string {
 
 // cluster is the three replicas and what they share.
 type cluster struct {
-	sbx, dir, state, logDir string
-	storeURL, blobURL       string
-	env                     []string
-	rt                      *oci.Runtime
-	store                   *postgres.Store
-	blobs                   *s3.Store
+	sbx, logDir       string
+	storeURL, blobURL string
+	env               []string
+	// dir is the replicas' one data directory and state their one
+	// sandbox state directory on runc; on Kubernetes dir holds a data
+	// directory for each replica process, and state is unused.
+	dir, state string
+	// kube is the cluster the sandboxes run in; nil: runc on this host.
+	kube  *kubetest.Cluster
+	rt    runtime.Runtime // the replicas' sandboxes, seen by the test
+	store *postgres.Store
+	blobs *s3.Store
 
 	mu     sync.Mutex
 	errors []string // 5xx answers (errorLog)
@@ -235,15 +300,24 @@ func (cl *cluster) start(t *testing.T, i int) *replica {
 		t.Fatal(err)
 	}
 	defer logf.Close() // the child has its own descriptor
-	cmd := exec.Command(cl.sbx, "serve", "--addr", addr,
+	args := []string{"serve", "--addr", addr,
 		"--store", cl.storeURL, "--blob", cl.blobURL,
-		"--data-dir", cl.dir, "--state-dir", cl.state,
 		"--template-dir", testenv.TemplateDir(), "--prebuild", "",
-		"--workspace-image-size", "4", "--webhook-allow-private",
+		"--webhook-allow-private",
 		// Many sessions of the default GiB on a small image, and sandboxes
 		// on whatever machine runs the tests: the limits are not what is
 		// tested here (TestServeDefaultLimits is their test).
-		"--disk-overcommit", "0", "--limits", "sandboxes=0,memory=0,cpu=0")
+		"--disk-overcommit", "0", "--limits", "sandboxes=0,memory=0,cpu=0"}
+	if cl.kube == nil {
+		args = append(args, "--data-dir", cl.dir, "--state-dir", cl.state, "--workspace-image-size", "4")
+	} else {
+		// A data directory of this process's own, as a replica Pod's
+		// emptyDir is: a restarted replica finds nothing of its last life.
+		data := filepath.Join(cl.dir, fmt.Sprintf("replica%d.%d", i, gen))
+		args = append(args, "--data-dir", data, "--state-dir", filepath.Join(data, "state"),
+			"--runtime", "kubernetes", "--kubeconfig", cl.kube.Kubeconfig, "--sandbox-namespace", cl.kube.Namespace)
+	}
+	cmd := exec.Command(cl.sbx, args...)
 	cmd.Env = cl.env
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The replica dies with the test process, however that ends: the
@@ -350,6 +424,9 @@ func (cl *cluster) destroySandboxes(t *testing.T) {
 	}
 	if infos, err := cl.rt.List(ctx); err != nil || len(infos) > 0 {
 		t.Errorf("sandboxes left after the cleanup: %+v %v", infos, err)
+	}
+	if cl.kube != nil {
+		return // the namespace goes with the test (kubetest)
 	}
 	if err := os.RemoveAll(cl.state); err != nil {
 		t.Errorf("removing the state directory: %v", err)
@@ -555,9 +632,12 @@ func (cl *cluster) testCreateElsewhere(t *testing.T) {
 	}
 	// Replica 0 holds no sandbox of the session (replica 1 started it):
 	// its metrics read the one the record names, on this host.
+	// The kubernetes runtime reads no usage of a Pod yet (it is no
+	// runtime.StatsReader): there the answer has the sandbox's state and
+	// no reading.
 	if m, err := cl.c(0).SessionMetrics(ctx, sid, time.Time{}); err != nil {
 		t.Errorf("metrics through replica 0 of the sandbox replica 1 started: %v", err)
-	} else if c := m.Current; m.Sandbox != api.SandboxRunning || c == nil || c.MemoryUsedBytes == 0 || c.CPUCount == 0 || c.DiskLimitBytes == 0 {
+	} else if c := m.Current; m.Sandbox != api.SandboxRunning || cl.kube == nil && (c == nil || c.MemoryUsedBytes == 0 || c.CPUCount == 0 || c.DiskLimitBytes == 0) {
 		t.Errorf("metrics through replica 0 of the sandbox replica 1 started: %+v (current %+v)", m, c)
 	}
 
@@ -949,7 +1029,8 @@ func (cl *cluster) leader(t *testing.T, within time.Duration) (int, string) {
 }
 
 // 4. When the replica running the reaper dies, another takes over, and
-// an idle session is paused and hibernated all the same; a third replica
+// an idle session is paused and hibernated all the same (on Kubernetes,
+// hibernated); a third replica
 // then restores it with its files.
 func (cl *cluster) testReaperFailover(t *testing.T) {
 	cl.ensureAll(t)
@@ -995,7 +1076,11 @@ func (cl *cluster) testReaperFailover(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if !slices.Contains(seen, api.StatusPaused) {
+	// A Pod cannot be frozen: on Kubernetes the reaper hibernates an idle
+	// session at once instead of pausing it first (session.Reaper), so
+	// the pause is runc's alone. (A hibernation still shows the session
+	// paused while it saves the workspace, on either runtime.)
+	if cl.kube == nil && !slices.Contains(seen, api.StatusPaused) {
 		t.Errorf("session %s went %v: never paused before it hibernated", sid, seen)
 	}
 	newLead, h := cl.leader(t, time.Second)

@@ -412,7 +412,22 @@ func (s *Service) run(ctx context.Context, r *Run) {
 			r.mu.Unlock()
 		})
 		cancel()
-		lease.Release()
+		if err == nil && res.WorkspaceUnchanged {
+			lease.ReleaseUnchanged()
+		} else {
+			lease.Release()
+		}
+		if err == nil && res.Status == wire.StatusCancelled && ctx.Err() == nil && lease.Lost(ctx) {
+			// Cancelled by no one here: its sandbox went away under it
+			// (a Pod deleted: the kubelet's SIGTERM ends the executor,
+			// which answers its runs cancelled on its way out).
+			why := "cancelled"
+			if res.Error != nil {
+				why = res.Error.Message
+			}
+			s.finish(r, nil, s.failure(ctx, fmt.Errorf("the sandbox died during the execution (the session's next execution gets a new one over the same workspace): %s", why), ErrTypeSandboxLost))
+			return
+		}
 		if err == nil {
 			s.finish(r, res, nil)
 			return

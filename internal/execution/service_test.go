@@ -230,32 +230,41 @@ func TestBadRequest(t *testing.T) {
 
 // TestExecutorDies: the sandbox killed under a run fails the run at once,
 // with what it printed and a type that says so; the session's next run
-// gets a new sandbox.
+// gets a new sandbox. So does a sandbox ended as a Pod's deletion ends
+// it: its executor shuts down and answers the run cancelled, but no one
+// here cancelled it.
 func TestExecutorDies(t *testing.T) {
-	h := newHarness(t)
-	h.session(t, "s")
-	r := h.submit(t, "s", api.ExecuteRequest{Code: "import time\nprint('up', flush=True)\ntime.sleep(600)"})
-	output(t, r, "up\n")
-	l := h.sandboxes(t)
-	if len(l) != 1 {
-		t.Fatalf("sandboxes: %+v", l)
-	}
-	if err := h.rt.Stop(context.Background(), l[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	x := h.wait(t, h.svc, r.ID())
-	if x.Status != api.ExecFailed || x.Error == nil || x.Error.Type != ErrTypeSandboxLost || x.Stdout != "up\n" {
-		t.Fatalf("result: %+v %+v", x, x.Error)
-	}
-	if rec, err := h.st.GetExecution(context.Background(), "t", r.ID()); err != nil || rec.Status != api.ExecFailed {
-		t.Errorf("record: %+v %v", rec, err)
-	}
-	next := h.wait(t, h.svc, h.submit(t, "s", api.ExecuteRequest{Code: "return 'again'"}).ID())
-	if next.Status != api.ExecCompleted || string(next.ReturnValue) != `"again"` {
-		t.Fatalf("the next run: %+v %+v", next, next.Error)
-	}
-	if l2 := h.sandboxes(t); len(l2) != 1 || l2[0].ID == l[0].ID {
-		t.Errorf("sandboxes after: %+v, want one new one (the dead %s destroyed)", l2, l[0].ID)
+	for name, end := range map[string]func(h *harness, id string) error{
+		"killed":     func(h *harness, id string) error { return h.rt.Stop(context.Background(), id) },
+		"shuts down": func(h *harness, id string) error { return h.rt.Terminate(context.Background(), id) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.session(t, "s")
+			r := h.submit(t, "s", api.ExecuteRequest{Code: "import time\nprint('up', flush=True)\ntime.sleep(600)"})
+			output(t, r, "up\n")
+			l := h.sandboxes(t)
+			if len(l) != 1 {
+				t.Fatalf("sandboxes: %+v", l)
+			}
+			if err := end(h, l[0].ID); err != nil {
+				t.Fatal(err)
+			}
+			x := h.wait(t, h.svc, r.ID())
+			if x.Status != api.ExecFailed || x.Error == nil || x.Error.Type != ErrTypeSandboxLost || x.Stdout != "up\n" {
+				t.Fatalf("result: %+v %+v", x, x.Error)
+			}
+			if rec, err := h.st.GetExecution(context.Background(), "t", r.ID()); err != nil || rec.Status != api.ExecFailed {
+				t.Errorf("record: %+v %v", rec, err)
+			}
+			next := h.wait(t, h.svc, h.submit(t, "s", api.ExecuteRequest{Code: "return 'again'"}).ID())
+			if next.Status != api.ExecCompleted || string(next.ReturnValue) != `"again"` {
+				t.Fatalf("the next run: %+v %+v", next, next.Error)
+			}
+			if l2 := h.sandboxes(t); len(l2) != 1 || l2[0].ID == l[0].ID {
+				t.Errorf("sandboxes after: %+v, want one new one (the dead %s destroyed)", l2, l[0].ID)
+			}
+		})
 	}
 }
 

@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"sort"
 	"syscall"
@@ -27,18 +28,28 @@ type fileKey struct {
 // workspaceSnapshot is the state of the regular files under a directory.
 type workspaceSnapshot struct {
 	files map[string]fileKey
+	// modes is every entry's type and permissions (directories and links
+	// too, which files leaves out): with files, what tells whether a run
+	// changed the workspace at all (unchanged).
+	modes map[string]fs.FileMode
 	// truncated is set when the walk gave up at maxWalkEntries.
 	truncated bool
+	// blind is set when part of the tree could not be read.
+	blind bool
 }
 
 // snapshotWorkspace walks root without following symbolic links: a link
 // planted by user code must not make the executor (root) stat or report
 // anything outside the workspace.
 func snapshotWorkspace(root string) workspaceSnapshot {
-	snap := workspaceSnapshot{files: make(map[string]fileKey)}
+	snap := workspaceSnapshot{files: make(map[string]fileKey), modes: make(map[string]fs.FileMode)}
 	entries := 0
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			// What cannot be read (a directory user code made 000,
+			// the root if the walk lacks the right) is not known:
+			// unchanged cannot be said of it.
+			snap.blind = true
 			if d != nil && d.IsDir() && p != root {
 				return filepath.SkipDir // unreadable directory: skip it
 			}
@@ -49,22 +60,24 @@ func snapshotWorkspace(root string) workspaceSnapshot {
 			snap.truncated = true
 			return filepath.SkipAll
 		}
-		if !d.Type().IsRegular() {
-			return nil // directories are walked; links, fifos, sockets skipped
-		}
 		info, err := d.Info() // lstat
 		if err != nil {
 			return nil // removed meanwhile
-		}
-		st, ok := info.Sys().(*syscall.Stat_t)
-		if !ok {
-			return nil
 		}
 		rel, err := filepath.Rel(root, p)
 		if err != nil {
 			return nil
 		}
-		snap.files[filepath.ToSlash(rel)] = fileKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
+		rel = filepath.ToSlash(rel)
+		snap.modes[rel] = info.Mode()
+		if !d.Type().IsRegular() {
+			return nil // directories are walked; links, fifos, sockets are not files
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return nil
+		}
+		snap.files[rel] = fileKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
 		return nil
 	})
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -92,4 +105,13 @@ func artifacts(before, after workspaceSnapshot) (paths []string, truncated bool)
 		return paths[:wire.MaxArtifacts], true
 	}
 	return paths, false
+}
+
+// unchanged reports whether nothing changed between two snapshots that
+// both saw the whole workspace: no file, directory or link made, removed
+// or renamed, no file written, no mode changed. A link retargeted in place
+// within one timestamp tick is the one change it cannot see.
+func unchanged(before, after workspaceSnapshot) bool {
+	return !before.truncated && !after.truncated && !before.blind && !after.blind &&
+		maps.Equal(before.files, after.files) && maps.Equal(before.modes, after.modes)
 }

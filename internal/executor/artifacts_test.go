@@ -58,3 +58,43 @@ func TestArtifactsCapped(t *testing.T) {
 		t.Errorf("%d artifacts, truncated %v", len(got), trunc)
 	}
 }
+
+// TestSnapshotUnchanged: any change a run can make to the workspace's
+// tree (a file written, removed or renamed, a directory or a link made,
+// a mode changed) says changed, and only no change says unchanged: a
+// checkpoint is skipped on its word.
+func TestSnapshotUnchanged(t *testing.T) {
+	for name, change := range map[string]func(root string) error{
+		"write":     func(r string) error { return os.WriteFile(filepath.Join(r, "a.txt"), []byte("b"), 0o644) },
+		"create":    func(r string) error { return os.WriteFile(filepath.Join(r, "new.txt"), nil, 0o644) },
+		"remove":    func(r string) error { return os.Remove(filepath.Join(r, "a.txt")) },
+		"rename":    func(r string) error { return os.Rename(filepath.Join(r, "a.txt"), filepath.Join(r, "b.txt")) },
+		"mkdir":     func(r string) error { return os.Mkdir(filepath.Join(r, "d2"), 0o755) },
+		"rmdir":     func(r string) error { return os.Remove(filepath.Join(r, "d")) },
+		"symlink":   func(r string) error { return os.Symlink("a.txt", filepath.Join(r, "l")) },
+		"chmod":     func(r string) error { return os.Chmod(filepath.Join(r, "a.txt"), 0o600) },
+		"chmod dir": func(r string) error { return os.Chmod(filepath.Join(r, "d"), 0o700) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			root := t.TempDir()
+			writeFiles(t, root, map[string]string{"a.txt": "a"})
+			if err := os.Mkdir(filepath.Join(root, "d"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			before := snapshotWorkspace(root)
+			if !unchanged(before, snapshotWorkspace(root)) {
+				t.Fatal("no change, and not unchanged")
+			}
+			if err := change(root); err != nil {
+				t.Fatal(err)
+			}
+			if unchanged(before, snapshotWorkspace(root)) {
+				t.Errorf("%s: unchanged", name)
+			}
+		})
+	}
+	// A walk that gave up knows nothing.
+	if unchanged(workspaceSnapshot{truncated: true}, workspaceSnapshot{truncated: true}) {
+		t.Error("truncated walks: unchanged")
+	}
+}

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"fmt"
+	"io/fs"
 	"net/http"
 	"runtime"
 	"unsafe"
@@ -35,10 +36,18 @@ func (s *Server) workspace() (*workspace.Local, error) {
 		return nil, fmt.Errorf("files: %w", errShuttingDown)
 	}
 	if s.ws == nil {
-		ws, err := workspace.Open(s.cfg.Workspace, workspace.Owners{
+		owners := workspace.Owners{
 			Root: workspace.Owner{UID: 0, GID: 0},
 			User: workspace.Owner{UID: s.cfg.UID, GID: s.cfg.GID},
-		})
+		}
+		open := workspace.Open
+		if s.cfg.Unprivileged {
+			// A Pod's workspace is an emptyDir, the kubelet's (root's,
+			// mode 0777): make it a workspace as the control plane makes
+			// one on a host (the user's, with its uploads directory).
+			open = workspace.Init
+		}
+		ws, err := open(s.cfg.Workspace, owners)
 		if err != nil {
 			return nil, fmt.Errorf("files: %w: %w", err, errdefs.ErrUnavailable)
 		}
@@ -109,4 +118,57 @@ func raiseCaps(caps uint32) (restore func() error, err error) {
 		return nil, err
 	}
 	return func() error { return set(old) }, nil
+}
+
+// initWorkspace makes the workspace ready before any code runs, with the
+// file capabilities on this one thread (a Pod's emptyDir is not the
+// sandbox user's until then).
+func (s *Server) initWorkspace() error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := raiseCaps(fileCaps)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- err
+			return
+		}
+		_, err = s.workspace()
+		if restore() != nil {
+			// The thread keeps its capabilities: it ends with this
+			// goroutine, still locked.
+			done <- err
+			return
+		}
+		runtime.UnlockOSThread()
+		done <- err
+	}()
+	return <-done
+}
+
+// snapshotWorkspace walks the workspace for a run's artifacts. Under runc
+// the executor reads any directory with DAC_READ_SEARCH, which it always
+// acts with; a Pod's executor has no such capability (Pod Security's
+// baseline has none), and the workspace (0711, the user's) is closed to
+// it: the walk runs with the file capabilities on its thread.
+func (s *Server) snapshotWorkspace() workspaceSnapshot {
+	if !s.cfg.Unprivileged {
+		return snapshotWorkspace(s.cfg.Workspace)
+	}
+	done := make(chan workspaceSnapshot, 1)
+	go func() {
+		runtime.LockOSThread()
+		restore, err := raiseCaps(fileCaps)
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- workspaceSnapshot{files: map[string]fileKey{}, modes: map[string]fs.FileMode{}, blind: true}
+			return
+		}
+		snap := snapshotWorkspace(s.cfg.Workspace)
+		if restore() == nil {
+			runtime.UnlockOSThread()
+		} // else the thread ends with this goroutine, still locked
+		done <- snap
+	}()
+	return <-done
 }

@@ -139,7 +139,50 @@ func (f *files) download(w http.ResponseWriter, r *http.Request) {
 	h.Set(wire.FilesEntryHeader, base64.RawURLEncoding.EncodeToString(b))
 	h.Set("Content-Type", "application/octet-stream") // no sniffing
 	h.Set("ETag", etag(file, info))
-	http.ServeContent(w, r, "", info.ModTime, file)
+	// The size is the one the description says, taken when the file was
+	// opened: a file code appends to meanwhile is served as it was then,
+	// not announced at one size and described at another.
+	http.ServeContent(w, r, "", info.ModTime, &asOpened{file: file, size: info.Size})
+}
+
+// asOpened is a file as large as it was when opened: reads stop there,
+// and its end is there, whatever is appended since.
+type asOpened struct {
+	file io.ReadSeeker
+	size int64
+	pos  int64
+}
+
+func (a *asOpened) Read(p []byte) (int, error) {
+	if a.pos >= a.size {
+		return 0, io.EOF
+	}
+	if rest := a.size - a.pos; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := a.file.Read(p)
+	a.pos += int64(n)
+	if err == io.EOF && a.pos < a.size {
+		err = io.ErrUnexpectedEOF // cut shorter than it was: the client refuses the body
+	}
+	return n, err
+}
+
+func (a *asOpened) Seek(off int64, whence int) (int64, error) {
+	switch whence {
+	case io.SeekCurrent:
+		off += a.pos
+	case io.SeekEnd:
+		off += a.size
+	}
+	if off < 0 {
+		return 0, errors.New("seek before the start")
+	}
+	if _, err := a.file.Seek(off, io.SeekStart); err != nil {
+		return 0, err
+	}
+	a.pos = off
+	return off, nil
 }
 
 func etag(file workspace.File, info workspace.Entry) string {

@@ -29,6 +29,7 @@ type reaper struct {
 
 	mu      sync.Mutex
 	waiters map[int]func(unix.WaitStatus)
+	own     map[int]bool // started by start and not reaped yet
 
 	sig  chan os.Signal
 	stop chan struct{}
@@ -47,6 +48,7 @@ func newReaper(all bool, log *slog.Logger) (*reaper, error) {
 		all:     all,
 		log:     log,
 		waiters: make(map[int]func(unix.WaitStatus)),
+		own:     make(map[int]bool),
 		sig:     make(chan os.Signal, 1),
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
@@ -67,7 +69,16 @@ func (r *reaper) start(fork func() (int, error), onExit func(unix.WaitStatus)) (
 		return 0, err
 	}
 	r.waiters[pid] = onExit
+	r.own[pid] = true
 	return pid, nil
+}
+
+// started reports whether pid is a child start made that is not reaped
+// yet.
+func (r *reaper) started(pid int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.own[pid]
 }
 
 // adopt registers a process that became our child by reparenting (the
@@ -118,6 +129,7 @@ func (r *reaper) reap() {
 			if pid <= 0 || err != nil {
 				break
 			}
+			delete(r.own, pid)
 			if fn, ok := r.waiters[pid]; ok {
 				delete(r.waiters, pid)
 				if fn != nil {
@@ -139,6 +151,7 @@ func (r *reaper) reap() {
 				continue
 			}
 			delete(r.waiters, pid)
+			delete(r.own, pid)
 			if fn != nil {
 				calls = append(calls, exited{fn, ws})
 			}

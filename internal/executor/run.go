@@ -56,7 +56,7 @@ type execution struct {
 // workspace's files and the OOM kill count.
 func (e *execution) begin() {
 	e.startedAt = time.Now().UTC()
-	e.before = snapshotWorkspace(e.s.cfg.Workspace)
+	e.before = e.s.snapshotWorkspace()
 	e.oomBefore = e.s.cg.oomKills()
 }
 
@@ -124,7 +124,9 @@ func (e *execution) supervise() {
 	if e.startedAt.IsZero() { // it never left the context's queue
 		res.StartedAt = time.Now().UTC()
 	} else {
-		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, snapshotWorkspace(s.cfg.Workspace))
+		after := s.snapshotWorkspace()
+		res.Artifacts, res.ArtifactsTruncated = artifacts(e.before, after)
+		res.WorkspaceUnchanged = unchanged(e.before, after)
 	}
 	res.Stdout, res.StdoutTruncated = e.out.text(streamStdout)
 	res.Stderr, res.StderrTruncated = e.out.text(streamStderr)
@@ -321,6 +323,12 @@ func (e *execution) runStateless() outcome {
 	defer stop()
 	var o outcome
 	o.timedOut, o.cause = e.waitOrKill(e.runEnded(c, rd), c.kill)
+	if e.s.cfg.Unprivileged {
+		// The worker is gone and what it left is the executor's now: no
+		// result before it is dead too, as under runc, where the worker's
+		// PID namespace takes it along.
+		e.s.sweepOrphans()
+	}
 	select {
 	case <-c.exited:
 		o.exited, o.ws, o.lost = !c.lost, c.status, c.lost

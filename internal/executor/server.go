@@ -28,7 +28,9 @@ import (
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/seccomp"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -39,7 +41,15 @@ var Version = "dev"
 // Config configures the executor. Zero fields take the documented defaults.
 type Config struct {
 	// SocketPath is where the HTTP API listens. Default /run/sbx/executor.sock.
+	// Unused when Listener is set.
 	SocketPath string
+	// Listener, if set, is a network listener (a pod's IP) to serve the
+	// API on instead of the socket. Anything on the network can connect
+	// to it, so Auth is then required: every connection must open with
+	// the control plane's token (package token) or is closed unanswered.
+	Listener net.Listener `json:"-"`
+	// Auth checks the tokens of connections to Listener.
+	Auth *token.Verifier `json:"-"`
 	// ControlDir holds the socket, the zygote script and the inner seccomp
 	// filter; it is made mode 0700 so that only root may enter it.
 	// Default: the directory of SocketPath.
@@ -83,11 +93,23 @@ type Config struct {
 	WarmWorkers int
 	// Logger receives the executor's logs. Default: slog JSON on stderr.
 	Logger *slog.Logger
+	// Unprivileged runs the executor without the privileges it has under
+	// runc (no CAP_SYS_ADMIN, no user namespace of its own, a seccomp
+	// profile that refuses namespaces and mounts): as in a Kubernetes Pod
+	// whose container has only CHOWN, DAC_OVERRIDE, FOWNER, SETUID, SETGID,
+	// SETPCAP and KILL. The shim then makes no namespace and covers
+	// nothing; executions share the sandbox's PID and mount namespaces
+	// (unprivileged.go says what holds). Set explicitly, never guessed:
+	// the other mode fails closed where this one would quietly hold less.
+	Unprivileged bool
 }
 
 func (c *Config) setDefaults() error {
 	if c.SocketPath == "" {
 		c.SocketPath = "/run/sbx/executor.sock"
+	}
+	if c.Listener != nil && c.Auth == nil {
+		return fmt.Errorf("executor: a network listener needs a token verifier: never an anonymous API on a network: %w", errdefs.ErrInvalidArgument)
 	}
 	if c.ControlDir == "" {
 		c.ControlDir = filepath.Dir(c.SocketPath)
@@ -126,6 +148,14 @@ func (c *Config) setDefaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	}
+	if len(c.SeccompFilter) == 0 && !c.AllowNoSeccomp && c.Unprivileged {
+		// The node's profile is not sbx's: the inner filter carries it.
+		f, err := seccomp.UnprivilegedInnerFilter()
+		if err != nil {
+			return fmt.Errorf("executor: inner seccomp filter: %w", err)
+		}
+		c.SeccompFilter = f
+	}
 	if len(c.SeccompFilter) == 0 && !c.AllowNoSeccomp {
 		return fmt.Errorf("executor: no inner seccomp filter: %w", errdefs.ErrInvalidArgument)
 	}
@@ -162,6 +192,11 @@ type Server struct {
 	zygErr     error         // why the last zygote died or failed to start
 
 	ws *workspace.Local // the file routes' workspace, opened on first use
+
+	// The unprivileged mode's sweeps of ended executions' processes
+	// (unprivileged.go): one at a time; sweepKick asks for one.
+	sweepMu   sync.Mutex
+	sweepKick chan struct{}
 }
 
 var errShuttingDown = errors.New("the executor is shutting down")
@@ -188,6 +223,7 @@ func New(cfg Config) (*Server, error) {
 		execs:      map[string]*execution{},
 		contexts:   map[contextKey]*pyContext{},
 		zygChanged: make(chan struct{}),
+		sweepKick:  make(chan struct{}, 1),
 	}
 	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
 		return nil, fmt.Errorf("executor: write zygote: %w", err)
@@ -227,7 +263,7 @@ func New(cfg Config) (*Server, error) {
 	return s, nil
 }
 
-// Serve listens on the socket and serves until ctx is done, then kills
+// Serve listens on the socket (or Config.Listener) and serves until ctx is done, then kills
 // every execution and the zygote and returns. It returns an error only if
 // it could not start. A Server serves once.
 func (s *Server) Serve(ctx context.Context) error {
@@ -238,19 +274,25 @@ func (s *Server) Serve(ctx context.Context) error {
 	s.rp = rp
 	defer rp.close()
 
-	_ = os.Remove(s.cfg.SocketPath) // a stale socket of a previous run
-	l, err := net.Listen("unix", s.cfg.SocketPath)
+	l, where, err := s.listen()
 	if err != nil {
-		return fmt.Errorf("executor: listen: %w", err)
+		return err
 	}
-	defer os.Remove(s.cfg.SocketPath)
-	if err := os.Chmod(s.cfg.SocketPath, 0o600); err != nil {
-		l.Close()
-		return fmt.Errorf("executor: socket mode: %w", err)
+	if s.cfg.Listener == nil {
+		defer os.Remove(s.cfg.SocketPath)
 	}
 
+	if s.cfg.Unprivileged {
+		if err := s.initWorkspace(); err != nil {
+			return fmt.Errorf("executor: the workspace: %w", err)
+		}
+	}
 	s.wg.Add(1)
 	go s.superviseZygote()
+	if s.cfg.Unprivileged {
+		s.wg.Add(1)
+		go s.sweeper()
+	}
 
 	hs := &http.Server{
 		Handler:           s.Handler(),
@@ -261,7 +303,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- hs.Serve(l) }()
-	s.log.Info("executor listening", "socket", s.cfg.SocketPath, "version", Version, "pid1", os.Getpid() == 1)
+	s.log.Info("executor listening", where, "version", Version, "pid1", os.Getpid() == 1)
 
 	select {
 	case <-ctx.Done():
@@ -270,6 +312,28 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.shutdown(hs)
 	return nil
+}
+
+// listen opens the socket, or wraps the network listener in the token
+// check. It returns how to log where it listens.
+func (s *Server) listen() (net.Listener, slog.Attr, error) {
+	if s.cfg.Listener != nil {
+		l, err := token.NewListener(s.cfg.Listener, s.cfg.Auth, token.ListenerOptions{Logger: s.log})
+		if err != nil {
+			return nil, slog.Attr{}, fmt.Errorf("executor: %w", err)
+		}
+		return l, slog.Group("tcp", "addr", l.Addr().String(), "sandbox", s.cfg.Auth.SandboxID()), nil
+	}
+	_ = os.Remove(s.cfg.SocketPath) // a stale socket of a previous run
+	l, err := net.Listen("unix", s.cfg.SocketPath)
+	if err != nil {
+		return nil, slog.Attr{}, fmt.Errorf("executor: listen: %w", err)
+	}
+	if err := os.Chmod(s.cfg.SocketPath, 0o600); err != nil {
+		l.Close()
+		return nil, slog.Attr{}, fmt.Errorf("executor: socket mode: %w", err)
+	}
+	return l, slog.String("socket", s.cfg.SocketPath), nil
 }
 
 // shutdown kills everything, lets the handlers write their (cancelled)
@@ -429,12 +493,20 @@ func (s *Server) superviseZygote() {
 		UID: s.cfg.UID, GID: s.cfg.GID, Preload: append([]string{}, s.cfg.Preload...), Bash: s.cfg.Bash,
 		Workspace: s.cfg.Workspace, ViewDir: s.viewDir,
 		SeccompFile: s.filterPath, RequireSeccomp: !s.cfg.AllowNoSeccomp, MaxReturnBytes: wire.MaxReturnValueBytes,
-		Warm: s.cfg.WarmWorkers,
+		Warm: s.cfg.WarmWorkers, Unprivileged: s.cfg.Unprivileged,
+	}
+	if s.cfg.Unprivileged {
+		// No mount namespace per worker, so no conversation views.
+		cfg.ViewDir = ""
 	}
 	env := s.cfg.Env
 	for {
 		died := make(chan struct{})
-		z, err := startZygote(s.cfg.Python, s.scriptPath, cfg, env, s.rp, s.log, func(*zygote) { close(died) })
+		var onChildExit func()
+		if s.cfg.Unprivileged {
+			onChildExit = s.kickSweep
+		}
+		z, err := startZygote(s.cfg.Python, s.scriptPath, cfg, env, s.rp, s.log, func(*zygote) { close(died) }, onChildExit)
 		if err == nil {
 			s.setZygote(z, nil)
 			up := time.Now()

@@ -205,6 +205,9 @@ func shimMain(args []string) int {
 
 // shim sets up, starts the zygote and waits for it.
 func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
+	if cfg.Zygote.Unprivileged {
+		return shimUnprivileged(cfg, status)
+	}
 	uid, gid := cfg.Zygote.UID, cfg.Zygote.GID
 	var st unix.Statfs_t
 	nsfs := unix.Statfs("/proc/self/ns/user", &st) == nil && st.Type == nsfsMagic
@@ -254,32 +257,48 @@ func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
 	if err := seccomp.Install(filter); err != nil {
 		return 0, fmt.Errorf("zygote filter: %w", err)
 	}
+	pid, err := forkZygote(cfg.Python, cfg.Script, zcfg, files, holder == nil)
+	if err != nil {
+		return 0, err
+	}
+	if holder != nil {
+		unix.Close(holder.userns)
+		unix.Close(holder.pidns)
+	}
+	return waitZygote(pid, shimStatus{SharedPIDNS: holder == nil, Userns: zcfg.Userns}, status)
+}
+
+// forkZygote starts python on script as the sandbox user with no groups,
+// handing it files. pdeathsig: the zygote dies with this thread.
+func forkZygote(python, script string, zcfg zygoteConfig, files []uintptr, pdeathsig bool) (int, error) {
 	cfgJSON, err := json.Marshal(zcfg)
 	if err != nil {
 		return 0, err
 	}
 	sys := &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}},
+		Credential: &syscall.Credential{Uid: uint32(zcfg.UID), Gid: uint32(zcfg.GID), Groups: []uint32{}},
 	}
-	if holder == nil {
+	if pdeathsig {
 		// This thread lives as long as the shim. (In N_z the holder's end
 		// does it: Go's Pdeathsig check cannot see a parent in another PID
 		// namespace and would kill the child at once.)
 		sys.Pdeathsig = syscall.SIGKILL
 	}
-	pid, err := syscall.ForkExec(cfg.Python, []string{cfg.Python, "-I", cfg.Script, string(cfgJSON)}, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(python, []string{python, "-I", script, string(cfgJSON)}, &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   os.Environ(),
 		Files: files,
 		Sys:   sys,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("start %s: %w", cfg.Python, err)
+		return 0, fmt.Errorf("start %s: %w", python, err)
 	}
-	if holder != nil {
-		unix.Close(holder.userns)
-		unix.Close(holder.pidns)
-	}
+	return pid, nil
+}
+
+// waitZygote reports st on the status pipe and waits for the zygote pid,
+// killing it on SIGTERM.
+func waitZygote(pid int, st shimStatus, status *os.File) (unix.WaitStatus, error) {
 	// The executor stops the zygote by stopping us (SIGTERM, or SIGKILL,
 	// which Pdeathsig passes on). The pid stays the zygote's until we reap
 	// it, which waits for the lock.
@@ -295,7 +314,7 @@ func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
 		}
 		mu.Unlock()
 	}()
-	b, _ := json.Marshal(shimStatus{SharedPIDNS: holder == nil, Userns: zcfg.Userns})
+	b, _ := json.Marshal(st)
 	_, _ = status.Write(append(b, '\n'))
 	status.Close()
 	var info unix.Siginfo

@@ -8,6 +8,7 @@ serves one run (or, for a context, runs until its channel closes).
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+PR_SET_CHILD_SUBREAPER = 36
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -289,6 +290,11 @@ def drop_inherited_caps():
     never execs and keeps its own permitted set. Returns whether it worked
     (if not, each worker drops them itself)."""
     try:
+        if UNPRIV:
+            # Without a capability PR_CAPBSET_DROP fails; the shim emptied
+            # them (CAP_SETPCAP), and nothing can fill them again.
+            got = status_fields(("CapBnd", "CapAmb"))
+            return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "1"), 16) == 0
         drop_bounding_and_ambient()
         got = status_fields(("CapBnd", "CapAmb"))
         return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "0"), 16) == 0
@@ -362,7 +368,9 @@ def own_proc(overmounts):
 # Read once, in the zygote (this file runs in its namespace at start). The
 # shim removed them from the zygote's mount namespace (a worker could not
 # mount its /proc under them) and says what they were.
-if "proc_overmounts" in CFG and CFG["proc_overmounts"] is not None:
+if UNPRIV:
+    PROC_OVERMOUNTS = []  # no /proc of its own (isolate)
+elif "proc_overmounts" in CFG and CFG["proc_overmounts"] is not None:
     PROC_OVERMOUNTS = [(m["path"], m["readonly"]) for m in CFG["proc_overmounts"]]
 else:
     PROC_OVERMOUNTS = proc_overmounts()
@@ -466,6 +474,8 @@ def conversation_view(conv, workspace, stage, owners=None):
     if not _CONVERSATION_RE.fullmatch(conv) or ".." in conv:
         raise ViewError("not a valid conversation id")
     if not stage:
+        if UNPRIV:
+            raise ViewError("conversation views need a mount namespace per execution, which the executor's unprivileged mode (a Pod without CAP_SYS_ADMIN) does not have")
         raise ViewError("the executor configured no staging directory for views")
     uploads = workspace + "/uploads"
     fds = []
@@ -510,14 +520,30 @@ def isolate():
     capabilities over the workers' user namespace until drop_privileges,
     because a conversation's view needs mounts, and which conversation is
     known only when the run comes."""
+    if UNPRIV:
+        # Non-dumpable (forked from the zygote), our /proc files are root's:
+        # dumpable for the one write.
+        prctl(PR_SET_DUMPABLE, 1)
     # Raw descriptors, not file objects: fewer objects, fewer faults.
-    fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
     try:
-        os.write(fd, b"1000")  # the OOM killer picks user code, never the zygote
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"1000")  # the OOM killer picks user code, never the zygote
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        if UNPRIV:
+            prctl(PR_SET_DUMPABLE, 0)
     os.setsid()
-    own_proc(PROC_OVERMOUNTS)
+    if UNPRIV:
+        # No PID namespace of our own: as a child subreaper we keep what
+        # the run starts (double-forked daemons too) in our tree while we
+        # live; once we are gone, the executor kills what is left
+        # (unprivileged.go).
+        if prctl(PR_SET_CHILD_SUBREAPER, 1) != 0:
+            _fail("PR_SET_CHILD_SUBREAPER")
+    else:
+        own_proc(PROC_OVERMOUNTS)
     if not INHERITED_CAPS_DROPPED:
         drop_bounding_and_ambient()
         # (The zygote checked the sets it emptied for every worker.)

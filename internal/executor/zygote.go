@@ -66,6 +66,8 @@ type zygote struct {
 	pending  map[uint64]chan spawnReply
 	children map[int]*child
 	idle     []idleWorker // pre-forked run workers, oldest first (see handoff.go)
+
+	onChildExit func() // see startZygote
 }
 
 // logger is the slice of slog the zygote glue needs.
@@ -174,12 +176,22 @@ type zygoteConfig struct {
 	ProcOvermounts []procOvermount `json:"proc_overmounts"`
 	Userns         string          `json:"userns"`
 	UsernsFD       int             `json:"userns_fd"`
+	// Unprivileged: the executor's unprivileged mode (Config.Unprivileged).
+	// The shim then hands the scripts and the filter over as descriptors
+	// (Files: name -> path under /proc/self/fd), the control directory
+	// being out of the zygote's reach.
+	Unprivileged bool              `json:"unprivileged"`
+	Files        map[string]string `json:"files,omitempty"`
 }
 
 // startZygote starts python on the script at scriptPath through the shim
 // (shim.go), this binary re-executed, which gives it what it needs and no
 // capability. onDeath runs once the zygote's exit has been reaped.
-func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *reaper, log logger, onDeath func(*zygote)) (*zygote, error) {
+//
+// onChildExit, if not nil, runs (on the zygote's reading goroutine; it
+// must not block) whenever a child's exit is reported and once the zygote
+// died.
+func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *reaper, log logger, onDeath func(*zygote), onChildExit func()) (*zygote, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("zygote socketpair: %w", err)
@@ -218,13 +230,14 @@ func startZygote(python, scriptPath string, cfg zygoteConfig, env []string, rp *
 	}
 	shimJSON, _ := json.Marshal(shimConfig{Python: python, Script: scriptPath, ControlDir: dir, Copy: copyFiles, Zygote: cfg})
 	z := &zygote{
-		conn:     conn,
-		log:      log,
-		rp:       rp,
-		ready:    make(chan struct{}),
-		dead:     make(chan struct{}),
-		pending:  make(map[uint64]chan spawnReply),
-		children: make(map[int]*child),
+		conn:        conn,
+		log:         log,
+		rp:          rp,
+		ready:       make(chan struct{}),
+		dead:        make(chan struct{}),
+		pending:     make(map[uint64]chan spawnReply),
+		children:    make(map[int]*child),
+		onChildExit: onChildExit,
 	}
 	pid, err := rp.start(func() (int, error) {
 		p, err := os.StartProcess("/proc/self/exe", []string{selfPath(), shimMode, string(shimJSON)}, &os.ProcAttr{
@@ -381,6 +394,9 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 		if c != nil {
 			c.markGone(unix.WaitStatus(m.Status), false)
 		}
+		if z.onChildExit != nil {
+			z.onChildExit()
+		}
 	case "log":
 		closeAll(fds)
 		switch m.Level {
@@ -497,6 +513,9 @@ func (z *zygote) die(ws unix.WaitStatus, onDeath func(*zygote)) {
 				// with their PID namespace.
 				z.rp.adopt(c.pid)
 			}
+		}
+		if z.onChildExit != nil {
+			z.onChildExit()
 		}
 		if onDeath != nil {
 			onDeath(z)

@@ -70,8 +70,13 @@ UID = CFG["uid"]
 GID = CFG["gid"]
 BASH = CFG.get("bash") or "/bin/bash"
 WARM = CFG.get("warm", 1)
-RUNNER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
-WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
+# The executor's unprivileged mode (a Pod without CAP_SYS_ADMIN, shim.go's
+# shimUnprivileged): no namespace of our own, and the scripts come as
+# descriptors (FILES: name -> /proc/self/fd/N), not from beside us.
+UNPRIV = bool(CFG.get("unprivileged"))
+FILES = CFG.get("files") or {}
+RUNNER_FILE = FILES.get("runner.py") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "runner.py")
+WORKER_FILE = FILES.get("worker.py") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker.py")
 MAX_RETURN = CFG.get("max_return_bytes", 16 << 20)
 CTL_FD = 3  # the zygote's control socket; in a worker, its channel
 RES_FD = 4  # in a worker during a run: the result pipe
@@ -170,7 +175,7 @@ INHERITED_CAPS_DROPPED = False  # the zygote emptied the bounding and ambient se
 class Zygote:
     def __init__(self, sock):
         self.sock = sock
-        self.own_pidns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+        self.own_pidns = -1 if UNPRIV else os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         self.poller = select.poll()
         self.idle = set()  # pids of pre-forked workers the executor holds, no run yet
         self.settling = {}  # settle pipe -> pid, for pre-forked workers still setting up
@@ -292,10 +297,13 @@ class Zygote:
             # it back at our own first, so that every fork gets a new one.
             # gVisor has no setns for PID namespaces (EINVAL) but lets
             # unshare(CLONE_NEWPID) be repeated, so go on to unshare there.
-            if libc.setns(self.own_pidns, CLONE_NEWPID) != 0 and ctypes.get_errno() != errno.EINVAL:
-                _fail("setns(own pid namespace)")
-            if libc.unshare(CLONE_NEWPID) != 0:
-                _fail("unshare(CLONE_NEWPID)")
+            # Unprivileged: no PID namespace of its own (see worker.py's
+            # isolate for what stands in for it).
+            if not UNPRIV:
+                if libc.setns(self.own_pidns, CLONE_NEWPID) != 0 and ctypes.get_errno() != errno.EINVAL:
+                    _fail("setns(own pid namespace)")
+                if libc.unshare(CLONE_NEWPID) != 0:
+                    _fail("unshare(CLONE_NEWPID)")
             pid = os.fork()
         except BaseException:
             if ours is not None:
@@ -385,6 +393,11 @@ def main():
         os._exit(70)
     global INHERITED_CAPS_DROPPED
     INHERITED_CAPS_DROPPED = drop_inherited_caps()
+    if UNPRIV:
+        # Executions run as our uid beside us: none may read or write our
+        # memory (through /proc or ptrace) to reach the runs of others.
+        # Workers are forked non-dumpable too, until their drop.
+        prctl(PR_SET_DUMPABLE, 0)
     # The executor stops the zygote with SIGKILL or by closing the socket.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     z = Zygote(sock)
@@ -445,6 +458,13 @@ def _include_worker():
 
 _include_worker()
 RUNNER = _load_runner()
+# Read: the descriptors the shim handed them over in are not the workers'.
+for _path in FILES.values():
+    if _path.startswith("/proc/self/fd/"):
+        try:
+            os.close(int(_path[len("/proc/self/fd/"):]))
+        except (OSError, ValueError):
+            pass
 
 if __name__ == "__main__":
     main()

@@ -85,6 +85,33 @@ type HostProcesses interface {
 	Pid(ctx context.Context, id string) (int, error)
 }
 
+// Pools is a runtime whose warm pools are shared by every replica that
+// uses it: the pool's sandboxes are the runtime's (on Kubernetes, Pods
+// labelled with their pool and state), its size is one number for the
+// whole deployment, one replica (the leader) fills it and any replica
+// claims from it, atomically, so that no two claims ever get one
+// sandbox. A runtime without it (oci: sandboxes are a host's) leaves each
+// process to keep pools of its own (internal/sandbox/pool.go).
+type Pools interface {
+	// PoolCounts reports pool name's sandboxes of build that are ready
+	// and that are starting, as this process last heard.
+	PoolCounts(ctx context.Context, name, build string) (ready, starting int, err error)
+	// StartPooled starts one sandbox of spec for pool name, build, and
+	// returns once it is ready to claim: its executor answered and its
+	// preload is done. A failed start leaves nothing behind.
+	StartPooled(ctx context.Context, name, build string, spec Spec) error
+	// ClaimPooled claims one ready sandbox of pool name (of build; ""
+	// any) and makes it volume's holder, adding labels to its own (which
+	// Inspect and List report from then on). The sandbox keeps its id; what
+	// it runs never changes. ErrNotFound: none is ready.
+	ClaimPooled(ctx context.Context, name, build, volume string, labels map[string]string) (id, gotBuild string, err error)
+	// CollectPools destroys pool sandboxes nobody will claim: those still
+	// starting after stuck, those that stopped, and ready ones of a pool
+	// not in want (pool name -> its current build) or of another build.
+	// Only one replica (the leader) calls it.
+	CollectPools(ctx context.Context, want map[string]string, stuck time.Duration) (int, error)
+}
+
 // Capabilities says what a runtime can do beyond the core Runtime.
 type Capabilities struct {
 	// Pause: the runtime is a Pauser.
@@ -93,6 +120,8 @@ type Capabilities struct {
 	Stats bool `json:"stats"`
 	// HostProcesses: the runtime is a HostProcesses.
 	HostProcesses bool `json:"host_processes"`
+	// Pools: the runtime is a Pools (warm pools shared by replicas).
+	Pools bool `json:"pools"`
 }
 
 // Declarer is a runtime that says what it can do. A declaration can only
@@ -109,11 +138,13 @@ func CapabilitiesOf(rt Runtime) Capabilities {
 	_, c.Pause = rt.(Pauser)
 	_, c.Stats = rt.(StatsReader)
 	_, c.HostProcesses = rt.(HostProcesses)
+	_, c.Pools = rt.(Pools)
 	if d, ok := rt.(Declarer); ok {
 		dc := d.Capabilities()
 		c.Pause = c.Pause && dc.Pause
 		c.Stats = c.Stats && dc.Stats
 		c.HostProcesses = c.HostProcesses && dc.HostProcesses
+		c.Pools = c.Pools && dc.Pools
 	}
 	return c
 }
@@ -142,6 +173,15 @@ func HostProcessesOf(rt Runtime) (HostProcesses, bool) {
 		return nil, false
 	}
 	return rt.(HostProcesses), true
+}
+
+// PoolsOf returns rt as a Pools if its warm pools are shared
+// (CapabilitiesOf).
+func PoolsOf(rt Runtime) (Pools, bool) {
+	if !CapabilitiesOf(rt).Pools {
+		return nil, false
+	}
+	return rt.(Pools), true
 }
 
 // State is where a sandbox is in its life.

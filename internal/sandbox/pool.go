@@ -25,9 +25,16 @@ type pool struct {
 	template string
 	size     int
 
-	mu       sync.Mutex
-	ready    []*Pooled
-	starting int
+	// shared is the runtime's pool when it shares pools among replicas
+	// (runtime.Pools; set by StartPools): then ready is always empty,
+	// the pool is the runtime's, and sharedReady is its last count.
+	shared runtime.Pools
+	rt     runtime.Runtime
+
+	mu          sync.Mutex
+	ready       []*Pooled
+	starting    int
+	sharedReady int
 }
 
 // Pooled is a sandbox from a warm pool, claimed for a session.
@@ -43,7 +50,7 @@ func (s *Service) PoolSizes() map[string]int {
 	out := map[string]int{}
 	for name, p := range s.pools {
 		p.mu.Lock()
-		out[name] = len(p.ready)
+		out[name] = len(p.ready) + p.sharedReady
 		p.mu.Unlock()
 	}
 	return out
@@ -57,6 +64,9 @@ func (s *Service) filler() {
 	defer t.Stop()
 	for {
 		for _, p := range s.pools {
+			if p.shared != nil {
+				continue // sharedFiller's
+			}
 			p.mu.Lock()
 			missing := p.size - len(p.ready) - p.starting
 			if missing > 0 {
@@ -177,6 +187,9 @@ func (s *Service) DropPooled(pd *Pooled) {
 // and a restarted server would find them orphaned anyway.
 func (s *Service) drainPools() {
 	for _, p := range s.pools {
+		if p.shared != nil {
+			continue // other replicas claim from it
+		}
 		p.mu.Lock()
 		ready := p.ready
 		p.ready = nil
@@ -206,6 +219,9 @@ func (s *Service) Claim(req Request) (*Pooled, bool) {
 	def := spec.Resources.WithDefaults()
 	if r := req.Resources; r.CPU != def.CPU || r.MemoryMB != def.MemoryMB || r.DiskMB != def.DiskMB {
 		return nil, false // the pool's sandboxes have the template's limits
+	}
+	if p.shared != nil {
+		return s.claimShared(p, req)
 	}
 	p.mu.Lock()
 	var pd *Pooled
@@ -244,11 +260,32 @@ func (s *Service) CheckPools() error {
 	return nil
 }
 
-// StartPools starts keeping the warm pools full, until Close.
+// StartPools starts keeping the warm pools full, until Close. A pool
+// whose template's runtime shares pools among replicas (runtime.Pools)
+// is the runtime's: the leader fills it, every replica claims from it.
 func (s *Service) StartPools() {
-	if len(s.pools) > 0 {
+	if len(s.pools) == 0 {
+		return
+	}
+	shared := false
+	for name, p := range s.pools {
+		spec, err := s.Spec(s.ctx, "", name)
+		if err != nil {
+			continue
+		}
+		rt, err := s.Runtime(spec.Runtime)
+		if err != nil {
+			continue
+		}
+		if sp, ok := runtime.PoolsOf(rt); ok {
+			p.shared, p.rt, shared = sp, rt, true
+		}
+	}
+	s.wg.Add(1)
+	go s.filler()
+	if shared {
 		s.wg.Add(1)
-		go s.filler()
+		go s.sharedFiller()
 	}
 }
 

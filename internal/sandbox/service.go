@@ -94,6 +94,10 @@ type Config struct {
 	// Instance and Replica label every sandbox (LabelInstance,
 	// LabelReplica); List and Sweep leave other instances' alone.
 	Instance, Replica string
+	// Leader, if set, says whether this process fills the warm pools
+	// that replicas share (runtime.Pools) and collects their stale
+	// sandboxes; the others only claim. nil: this process does.
+	Leader func(ctx context.Context) bool
 	// Alive says whether the replica of that name still runs: the
 	// sandboxes of live replicas that no record names yet (warm pools,
 	// starts in flight) are not orphans.
@@ -123,6 +127,7 @@ type Service struct {
 
 	pools  map[string]*pool // by template; fixed at New
 	refill chan struct{}    // wakes the pool filler
+	wake   chan struct{}    // wakes the shared pools' filler
 }
 
 // New returns a Service. StartPools starts the warm pools; Close stops
@@ -145,7 +150,7 @@ func New(cfg Config) *Service {
 		cfg: cfg, log: cfg.Log, ws: cfg.Workspaces, ctx: ctx, stop: stop,
 		starts:   make(chan struct{}, cfg.MaxStarts),
 		runtimes: map[string]runtime.Runtime{},
-		pools:    map[string]*pool{}, refill: make(chan struct{}, 1),
+		pools:    map[string]*pool{}, refill: make(chan struct{}, 1), wake: make(chan struct{}, 1),
 	}
 	for name, size := range cfg.Pools {
 		if size > 0 {
@@ -424,6 +429,9 @@ func (s *Service) List(ctx context.Context, runtimes []string) (live map[string]
 func (s *Service) DestroyOrphans(ctx context.Context, orphans map[string]Found) (peers map[string]bool) {
 	peers = map[string]bool{}
 	for id, f := range orphans {
+		if unclaimedShared(f.Runtime, f.Info) {
+			continue // the pool's: its leader collects it (CollectPools)
+		}
 		if f.Info.Labels[LabelInstance] != s.cfg.Instance {
 			// Made before instances: ours, or another server's that
 			// shares the runtime's state. Not ours to destroy.
@@ -464,7 +472,7 @@ func (s *Service) Sweep(ctx context.Context, named func(context.Context) (map[st
 	var orphans []runtime.Info
 	for _, info := range infos {
 		r := info.Labels[LabelReplica]
-		if r == "" || r == s.cfg.Replica || info.Labels[LabelInstance] != s.cfg.Instance {
+		if r == "" || r == s.cfg.Replica || info.Labels[LabelInstance] != s.cfg.Instance || unclaimedShared(rt, info) {
 			continue
 		}
 		gone, seen := dead[r]

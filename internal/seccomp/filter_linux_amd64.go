@@ -69,6 +69,14 @@ func InnerFilter() ([]byte, error) {
 	}
 
 	var a assembler
+	innerBody(&a, nrs, cloneNamespaceFlags)
+	return a.finish()
+}
+
+// innerBody is InnerFilter's program up to finish: executor_only calls
+// (nrs) refused, clone3 answered ENOSYS, clone with any flag of
+// cloneRefused refused, ioctl sent to finish's btrfs checks.
+func innerBody(a *assembler, nrs []uint32, cloneRefused uint32) {
 	a.load(offArch)
 	a.jumpIf(unix.BPF_JEQ, unix.AUDIT_ARCH_X86_64, "", "kill")
 	a.load(offNr)
@@ -80,7 +88,88 @@ func InnerFilter() ([]byte, error) {
 	a.jumpIf(unix.BPF_JEQ, unix.SYS_IOCTL, "ioctl", "")
 	a.jumpIf(unix.BPF_JEQ, unix.SYS_CLONE, "", "allow")
 	a.load(offArg0Low32)
-	a.jumpIf(unix.BPF_JSET, cloneNamespaceFlags, "eperm", "allow")
+	a.jumpIf(unix.BPF_JSET, cloneRefused, "eperm", "allow")
+}
+
+// UnprivilegedInnerFilter is the inner filter of the executor's
+// unprivileged mode (a Kubernetes Pod), where the outer profile is not
+// sbx's profile.json but the node's (containerd's RuntimeDefault), which
+// lets ptrace, process_vm_readv/writev, kcmp, io_uring and more through.
+// So on top of what InnerFilter does it carries the outer profile's
+// allowlist itself:
+//
+//   - every amd64 system call that profile.json neither allows nor
+//     reserves to the executor is refused with EPERM, as are numbers past
+//     the last one the table knows (calls newer than this build);
+//   - socket only for the families profile.json allows, personality only
+//     for its personas;
+//   - clone with CLONE_PARENT is refused too: without a PID namespace per
+//     execution, a sibling of the execution's first process would be a
+//     child of the zygote, out of the tree the executor kills when the
+//     run ends (unprivileged.go).
+//
+// Calls profile.json allows only with argument rules (socket,
+// personality, ioctl) are checked here with the same rules.
+func UnprivilegedInnerFilter() ([]byte, error) {
+	nrs, err := syscallNumbers(loaded.ExecutorOnly)
+	if err != nil {
+		return nil, err
+	}
+	allowed, err := syscallNumbers(loaded.Allow)
+	if err != nil {
+		return nil, err
+	}
+	known := map[uint32]bool{unix.SYS_SOCKET: true, unix.SYS_PERSONALITY: true, unix.SYS_IOCTL: true}
+	for _, nr := range append(allowed, nrs...) {
+		known[nr] = true
+	}
+	var refused []uint32
+	var last uint32
+	for _, nr := range amd64Syscalls {
+		last = max(last, nr)
+		if !known[nr] {
+			refused = append(refused, nr)
+		}
+	}
+	slices.Sort(refused)
+	refused = slices.Compact(refused)
+
+	// The refusals come first, each with a return of its own right after
+	// it, so that no jump spans the list (BPF jumps reach 255 ahead).
+	var a assembler
+	a.load(offArch)
+	a.jumpIf(unix.BPF_JEQ, unix.AUDIT_ARCH_X86_64, "arch_ok", "")
+	a.ret(retKillProcess)
+	a.label("arch_ok")
+	a.load(offNr)
+	a.jumpIf(unix.BPF_JSET, x32SyscallBit, "", "not_x32")
+	a.ret(retEPERM)
+	a.label("not_x32")
+	a.jumpIf(unix.BPF_JGT, last, "", "known")
+	a.ret(retEPERM)
+	a.label("known")
+	for i, nr := range refused {
+		next := fmt.Sprintf("r%d", i)
+		a.jumpIf(unix.BPF_JEQ, nr, "", next)
+		a.ret(retEPERM)
+		a.label(next)
+	}
+	argRule := func(nr uint32, name string, values []uint64) {
+		a.jumpIf(unix.BPF_JEQ, nr, "", name+"_other")
+		a.load(offArg0Low32)
+		for _, v := range values {
+			a.jumpIf(unix.BPF_JEQ, uint32(v), name+"_ok", "")
+		}
+		a.ret(retEPERM)
+		a.label(name + "_ok")
+		a.ret(retAllow)
+		a.label(name + "_other")
+	}
+	// socket's and personality's arguments are ints: the kernel reads
+	// the low 32 bits only.
+	argRule(unix.SYS_SOCKET, "socket", socketFamilies)
+	argRule(unix.SYS_PERSONALITY, "personality", personalities)
+	innerBody(&a, nrs, cloneNamespaceFlags|unix.CLONE_PARENT)
 	return a.finish()
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -50,6 +51,33 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 		return nil, err
 	}
 	k := key{tenant, id}
+	// Where a workspace lives with its sandbox (a Pod's), a file call
+	// needs the sandbox running, and holds it as an execution does; every
+	// write is checkpointed before it is answered.
+	cp, withSandbox := m.ws.(workspace.Checkpointer)
+	if withSandbox {
+		lease, err := m.Acquire(ctx, tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		fc, err := m.openFiles(ctx, k, s)
+		if err != nil {
+			lease.release()
+			return nil, err
+		}
+		end := fc.end
+		fc.end = func() { end(); lease.release() }
+		fc.Workspace = checkpointing{Workspace: fc.Workspace, save: func(ctx context.Context) error {
+			return cp.Checkpoint(ctx, volume(k))
+		}}
+		return fc, nil
+	}
+	return m.openFiles(ctx, k, s)
+}
+
+func (m *Manager) openFiles(ctx context.Context, k key, s *Session) (*FileCall, error) {
+	tenant, id := k.tenant, k.id
+	var err error
 	for {
 		switch s.Status {
 		case api.StatusTerminated:
@@ -207,4 +235,61 @@ func (m *Manager) renewFiles(ctx context.Context, e *entry) {
 	if _, _, err := m.opt.Store.TryLease(ctx, m.fileLease(e.key), m.opt.Replica, fileLeaseTTL); err != nil {
 		m.log.Warn("renewing a session's file lease", "session", e.id, "err", err)
 	}
+}
+
+// checkpointing is a workspace whose every write is followed by a
+// checkpoint (workspace.Checkpointer) before it returns: a write answered
+// is a write that outlives the sandbox.
+type checkpointing struct {
+	workspace.Workspace
+	save func(ctx context.Context) error
+}
+
+func (w checkpointing) after(ctx context.Context, err error) error {
+	if err != nil {
+		return err
+	}
+	if err := w.save(ctx); err != nil {
+		return fmt.Errorf("the write is done but could not be saved beyond the sandbox: %w", err)
+	}
+	return nil
+}
+
+func (w checkpointing) Save(ctx context.Context, rel string, r io.Reader, maxBytes int64) (workspace.SavedFile, error) {
+	f, err := w.Workspace.Save(ctx, rel, r, maxBytes)
+	return f, w.after(ctx, err)
+}
+
+func (w checkpointing) SaveUpload(ctx context.Context, cid, rel string, r io.Reader, maxBytes int64) (workspace.SavedFile, error) {
+	f, err := w.Workspace.SaveUpload(ctx, cid, rel, r, maxBytes)
+	return f, w.after(ctx, err)
+}
+
+func (w checkpointing) MakeDir(ctx context.Context, rel string) error {
+	return w.after(ctx, w.Workspace.MakeDir(ctx, rel))
+}
+
+func (w checkpointing) Rename(ctx context.Context, from, to string) error {
+	return w.after(ctx, w.Workspace.Rename(ctx, from, to))
+}
+
+func (w checkpointing) Remove(ctx context.Context, rel string, recursive bool) error {
+	return w.after(ctx, w.Workspace.Remove(ctx, rel, recursive))
+}
+
+func (w checkpointing) RemoveUpload(ctx context.Context, rel string, recursive bool) error {
+	return w.after(ctx, w.Workspace.RemoveUpload(ctx, rel, recursive))
+}
+
+func (w checkpointing) RemoveConversation(ctx context.Context, cid string) error {
+	return w.after(ctx, w.Workspace.RemoveConversation(ctx, cid))
+}
+
+func (w checkpointing) SyncResources(ctx context.Context, want []workspace.Resource, content workspace.ResourceContent) (workspace.ResourceSync, error) {
+	rs, err := w.Workspace.SyncResources(ctx, want, content)
+	return rs, w.after(ctx, err)
+}
+
+func (w checkpointing) Import(ctx context.Context, r io.Reader) error {
+	return w.after(ctx, w.Workspace.Import(ctx, r))
 }

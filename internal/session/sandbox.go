@@ -16,6 +16,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/sandbox"
 	"github.com/sbx-sandbox/sbx/internal/store"
 	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
 // Lease is a ready sandbox's executor, handed to one execution. While a
@@ -33,13 +34,50 @@ type Lease struct {
 }
 
 // Release gives the lease back; the session's idle time counts from now.
+// Where workspaces live with their sandboxes (workspace.Checkpointer: a
+// Pod's), it first saves the workspace as its checkpoint, so that what
+// the execution wrote outlives the sandbox before the execution is
+// reported done.
 func (l *Lease) Release() {
 	l.once.Do(func() {
-		l.e.mu.Lock()
-		l.e.active--
-		l.e.unlock()
-		l.m.touch(context.Background(), l.e.key)
+		l.m.checkpoint(l.e.key)
+		l.release()
 	})
+}
+
+// ReleaseUnchanged gives the lease back after an execution whose
+// executor said it changed nothing in the workspace
+// (wire.Result.WorkspaceUnchanged): the checkpoint it would take is the
+// last one.
+func (l *Lease) ReleaseUnchanged() { l.once.Do(l.release) }
+
+// release gives the lease back without a checkpoint.
+func (l *Lease) release() {
+	l.e.mu.Lock()
+	l.e.active--
+	l.e.unlock()
+	l.m.touch(context.Background(), l.e.key)
+}
+
+// checkpointTimeout bounds one checkpoint: it is on the way of the
+// execution or file write that made it.
+const checkpointTimeout = 2 * time.Minute
+
+// checkpoint saves the session's workspace as its checkpoint, where the
+// workspace store keeps them (workspace.Checkpointer); a failure is
+// logged and told as an event: the files written since the last
+// checkpoint are then only in the sandbox.
+func (m *Manager) checkpoint(k key) {
+	cp, ok := m.ws.(workspace.Checkpointer)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
+	defer cancel()
+	if err := cp.Checkpoint(ctx, volume(k)); err != nil {
+		m.log.Error("checkpointing a workspace; what was written since the last checkpoint is only in its sandbox", "session", k.id, "err", err)
+		m.opt.Events("checkpoint_failed")
+	}
 }
 
 // Lost reports whether the lease's sandbox has died (killed from outside,

@@ -264,7 +264,7 @@ func New(opt Options) *Manager {
 		Templates: opt.Templates, Resolve: opt.Resolve, NotBuilt: opt.NotBuilt, Runtime: opt.Runtime, Workspaces: m.ws,
 		StartTimeout: opt.StartTimeout, MaxStarts: opt.MaxStarts, Pools: opt.Pools,
 		Instance: opt.Instance, Replica: opt.Replica, Alive: opt.Alive, Events: opt.Events, Log: opt.Log,
-		Destroying: opt.Destroying,
+		Destroying: opt.Destroying, Leader: opt.Leader,
 	})
 	return m
 }

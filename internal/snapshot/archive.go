@@ -395,7 +395,7 @@ func (s *Store) WriteArchive(ctx context.Context, key string, w io.Writer) (*Man
 			}
 			h := &tar.Header{
 				Name: e.Path, Mode: int64(e.Mode & 0o777), Uid: id, Gid: id,
-				ModTime: time.Unix(0, e.MTime).Truncate(time.Microsecond), Format: tar.FormatPAX,
+				ModTime: time.Unix(0, e.MTime), Format: tar.FormatPAX,
 			}
 			switch e.Type {
 			case "dir":

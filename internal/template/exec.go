@@ -55,7 +55,7 @@ type box struct {
 // that it writes included (they are charged to the writer).
 func newBox(run JobRunner, p *progress, mirrors []string, memoryMB int64) (*box, error) {
 	if run == nil {
-		return nil, fmt.Errorf("template builds need an OCI runtime to run in (Store.Jobs is not set): %w", errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("template builds need an OCI runtime on this server, which has none (sandboxes on Kubernetes: build on a host with runc, then provide the image with sbx image push): %w", errdefs.ErrUnavailable)
 	}
 	ns, err := egress.NewNetNS()
 	if err != nil {

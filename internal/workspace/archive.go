@@ -77,7 +77,7 @@ func (x *exporter) header(p string, fi fs.FileInfo) *tar.Header {
 	}
 	return &tar.Header{
 		Name: p, Mode: int64(fi.Mode().Perm()), Uid: id, Gid: id,
-		ModTime: fi.ModTime().Truncate(time.Microsecond), Format: tar.FormatPAX,
+		ModTime: fi.ModTime(), Format: tar.FormatPAX,
 	}
 }
 

@@ -107,19 +107,28 @@ type Store interface {
 
 var _ Store = (*Dirs)(nil)
 
+// Checkpointer is a Store whose workspaces live with their sandboxes
+// (a Pod's emptyDir: internal/runtime/kube) and outlive them only as
+// far as they were saved. The layer above calls Checkpoint after every
+// completed execution and file write, before it answers, so that losing
+// the sandbox loses nothing a completed call wrote. Dirs is no
+// Checkpointer: its directories outlive every sandbox.
+//
+// Such a Store's Open needs a running sandbox over the workspace
+// (ErrUnavailable without one): the layer above starts one first.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, name string) error
+}
+
 // Wait waits for the removals Discard started.
 func (d *Dirs) Wait() { d.wg.Wait() }
 
 // dir is the directory of the volume called name, which need not exist.
 func (d *Dirs) dir(name string) (string, error) {
-	if len(name) > maxVolumeName {
-		return "", fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	if err := CheckVolume(name); err != nil {
+		return "", err
 	}
-	owner, id, ok := strings.Cut(name, "/")
-	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
-		return "", fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
-	}
-	return filepath.Join(d.root, owner, id), nil
+	return filepath.Join(d.root, name), nil
 }
 
 // Create makes the volume a new, empty workspace limited to diskMB. The

@@ -27,6 +27,19 @@ func SessionVolume(tenant, id string) string { return tenant + "/" + id }
 // sandbox id.
 func PoolVolume(id string) string { return poolVolume + "/" + id }
 
+// CheckVolume refuses what is not a volume name: TENANT/SESSION or
+// .pool/ID, two ids, never a path; errdefs.ErrInvalidArgument.
+func CheckVolume(name string) error {
+	if len(name) > maxVolumeName {
+		return fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	}
+	owner, id, ok := strings.Cut(name, "/")
+	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
+		return fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
 // Volumes resolves volume names to the workspace directories under a
 // root (DirsConfig.Root): the oci runtime's volume resolver, made before
 // the Dirs that manage those directories (internal/app).
@@ -37,14 +50,10 @@ type Volumes string
 // is errdefs.ErrInvalidArgument; a volume that does not exist,
 // errdefs.ErrNotFound.
 func (v Volumes) VolumeDir(ctx context.Context, name string) (string, error) {
-	if len(name) > maxVolumeName {
-		return "", fmt.Errorf("volume name of %d bytes: at most %d: %w", len(name), maxVolumeName, errdefs.ErrInvalidArgument)
+	if err := CheckVolume(name); err != nil {
+		return "", err
 	}
-	owner, id, ok := strings.Cut(name, "/")
-	if !ok || !ValidID(id) || owner != poolVolume && !ValidID(owner) {
-		return "", fmt.Errorf("volume %q: want TENANT/SESSION or %s/ID: %w", name, poolVolume, errdefs.ErrInvalidArgument)
-	}
-	dir := filepath.Join(string(v), owner, id)
+	dir := filepath.Join(string(v), name)
 	fi, err := os.Lstat(dir)
 	if err != nil || !fi.IsDir() {
 		return "", fmt.Errorf("volume %q: no such workspace: %w", name, errdefs.ErrNotFound)

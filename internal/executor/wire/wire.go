@@ -119,8 +119,14 @@ type Result struct {
 	Error *ExecError `json:"error,omitempty"`
 	// Artifacts are the workspace-relative paths of regular files the run
 	// created or modified, sorted.
-	Artifacts          []string  `json:"artifacts"`
-	ArtifactsTruncated bool      `json:"artifacts_truncated,omitempty"`
+	Artifacts          []string `json:"artifacts"`
+	ArtifactsTruncated bool     `json:"artifacts_truncated,omitempty"`
+	// WorkspaceUnchanged says the run changed nothing in the workspace, as
+	// a walk of it before and after sees (files, directories, links,
+	// modes). False (an older executor, a walk that gave up, any change)
+	// means it may have: where workspaces are checkpointed (a Pod's), only
+	// a run that says unchanged skips its checkpoint.
+	WorkspaceUnchanged bool      `json:"workspace_unchanged,omitempty"`
 	StartedAt          time.Time `json:"started_at"`
 	FinishedAt         time.Time `json:"finished_at"`
 	DurationMs         int64     `json:"duration_ms"`

@@ -249,16 +249,16 @@ func (r *Runtime) prepareStateDir() error {
 	exe := r.cfg.ExecutorPath
 	if exe == "" {
 		var err error
-		if exe, err = findExecutor(); err != nil {
+		if exe, err = FindExecutor(); err != nil {
 			return err
 		}
 	}
 	return installExecutor(exe, filepath.Join(r.cfg.StateDir, "bin", "sbx-executor"))
 }
 
-// findExecutor looks for sbx-executor beside the running binary, then in
+// FindExecutor looks for sbx-executor beside the running binary, then in
 // PATH.
-func findExecutor() (string, error) {
+func FindExecutor() (string, error) {
 	if self, err := os.Executable(); err == nil {
 		p := filepath.Join(filepath.Dir(self), "sbx-executor")
 		if _, err := os.Stat(p); err == nil {

@@ -477,6 +477,22 @@ func (r *InProcess) Stop(ctx context.Context, id string) error {
 	return nil
 }
 
+// Terminate ends the sandbox as a Pod's deletion does: its executor is
+// told to shut down (the kubelet's SIGTERM) and answers the runs it has
+// as cancelled on its way out; then the sandbox is stopped.
+func (r *InProcess) Terminate(ctx context.Context, id string) error {
+	b, err := r.get(id)
+	if err != nil {
+		return err
+	}
+	if b.stop != nil {
+		b.stop()
+		<-b.served
+	}
+	r.end(b)
+	return nil
+}
+
 // Destroy stops the sandbox and forgets it. The workspace stays: it is the
 // caller's.
 func (r *InProcess) Destroy(ctx context.Context, id string) error {

@@ -104,6 +104,27 @@ type Harness struct {
 	// then judges by what matters: no write lands in the root, and the
 	// template on the host is unchanged.
 	EmulatedMounts bool
+	// Checkpoint, for a runtime whose volumes live with their sandboxes
+	// (a Pod's emptyDir; workspace.Checkpointer), saves a volume as the
+	// control plane does after every completed call. Lifecycle calls it
+	// before the sandbox goes, and then checks the volume outlives it as
+	// of that checkpoint.
+	Checkpoint func(ctx context.Context, volume string) error
+	// PodNetwork: the sandbox has a network interface of its own besides
+	// loopback (a Pod's eth0), whose egress the cluster's NetworkPolicy
+	// closes. HostNetwork then expects lo and eth0, and still no service
+	// on the caller's loopback and no egress.
+	PodNetwork bool
+	// SharedProcesses: the executions of one sandbox share a PID
+	// namespace and a uid (the executor's unprivileged mode in a Pod,
+	// which cannot make namespaces: docs/SECURITY.md, "In a Pod").
+	// CrossExecution then checks what still holds: the executor (pid 1)
+	// and the zygote stay unreadable to user code.
+	SharedProcesses bool
+	// ExecutorCaps is the executor's effective capability set, when it is
+	// not KILL and DAC_READ_SEARCH (a Pod held to Pod Security's
+	// baseline, which has no DAC_READ_SEARCH, leaves KILL alone).
+	ExecutorCaps uint64
 }
 
 var seq atomic.Int64
@@ -251,6 +272,11 @@ func testLifecycle(t *testing.T, h *Harness) {
 		t.Errorf("bash: %q", res.Stdout)
 	}
 	s.MustRun(t, "python", "open('/workspace/out.txt','w').write('data')")
+	if h.Checkpoint != nil {
+		if err := h.Checkpoint(ctx, s.Volume); err != nil {
+			t.Fatalf("checkpoint: %v", err)
+		}
+	}
 
 	list, err := rt.List(ctx)
 	if err != nil || !contains(list, s.ID) {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/url"
 	"strings"
@@ -111,6 +112,11 @@ func connectErr(cfg *pgxpool.Config, err error) error {
 		return &openError{msg: where + ": timed out", err: err, kind: errdefs.ErrUnavailable}
 	case errors.As(err, &netErr):
 		return &openError{msg: where + ": " + oneLine(netErr.Error()), err: err, kind: errdefs.ErrUnavailable}
+	case errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF):
+		// Closed before the server said a word: something between (a
+		// proxy, a network not yet open to this client) or a server
+		// going away; worth another try, as a refused one is.
+		return &openError{msg: where + ": the connection was closed before the server answered", err: err, kind: errdefs.ErrUnavailable}
 	}
 	// pgx's own message: the last attempt's, without the user and
 	// database it starts with.

@@ -507,7 +507,7 @@ func tree(t *testing.T, w workspace.Workspace) map[string]string {
 		v := fmt.Sprintf("%s %o %s", e.Type, e.Mode, e.Owner)
 		switch e.Type {
 		case "file":
-			v += " " + read(t, w, e.Path) + " " + e.ModTime.UTC().Truncate(time.Second).String()
+			v += " " + read(t, w, e.Path) + " " + e.ModTime.UTC().Format(time.RFC3339Nano) // to the nanosecond: a round trip keeps it
 		case "symlink":
 			st, err := w.Stat(ctxOf(t), e.Path)
 			if err != nil {

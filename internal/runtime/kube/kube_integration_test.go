@@ -1,0 +1,136 @@
+//go:build integration
+
+package kube_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+
+	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
+	"github.com/sbx-sandbox/sbx/internal/runtime"
+	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
+	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
+	"github.com/sbx-sandbox/sbx/internal/template"
+	"github.com/sbx-sandbox/sbx/internal/testenv/kubetest"
+	"github.com/sbx-sandbox/sbx/internal/workspace"
+	"github.com/sbx-sandbox/sbx/internal/workspace/workspacetest"
+)
+
+func newRuntime(t testing.TB, c *kubetest.Cluster, signer *token.Signer) *kube.Runtime {
+	t.Helper()
+	rt, err := kube.New(kube.Config{Client: c.Client, Namespace: c.Namespace, Signer: signer, PullPolicy: "Never", ImageSuffix: kubetest.Suffix(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
+func newSigner(t testing.TB) *token.Signer {
+	t.Helper()
+	_, key, err := token.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := token.NewSigner(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestKubernetes runs the runtime contract against real Pods of the test
+// cluster.
+func TestKubernetes(t *testing.T) {
+	c := kubetest.New(t)
+	img := kubetest.Image(t, "python")
+	signer := newSigner(t)
+	rt := newRuntime(t, c, signer)
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := rt.Volumes(snapshot.New(blobs, "snapshots", snapshot.Limits{}), 0)
+	var vols atomic.Int64
+	runtimetest.Run(t, runtimetest.Harness{
+		Runtime:    rt,
+		Checkpoint: volumes.Checkpoint,
+		// A Pod has eth0 (egress closed by the NetworkPolicy), shares one
+		// PID namespace among its executions and holds Pod Security's
+		// baseline capabilities (docs/SECURITY.md, "In a Pod").
+		PodNetwork:      true,
+		SharedProcesses: true,
+		ExecutorCaps:    1 << 5, // KILL
+		Reopen:          func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
+		Image:           img,
+		NewVolume: func(t testing.TB) string {
+			return workspace.SessionVolume("rtt", fmt.Sprintf("v%d-%d", os.Getpid(), vols.Add(1)))
+		},
+		MissingImage: template.ImageRef("python", strings.Repeat("0", 64)),
+		ExecRoot: func(ctx context.Context, id string, argv ...string) ([]byte, error) {
+			return c.Exec(ctx, kube.PodName(id), argv...)
+		},
+	})
+}
+
+// TestKubernetesFiles runs the workspace conformance suite against
+// workspaces in Pods, through the workspace store the control plane uses
+// (Volumes: the executor of the Pod that holds the volume).
+func TestKubernetesFiles(t *testing.T) {
+	c := kubetest.New(t)
+	img := kubetest.Image(t, "python")
+	rt := newRuntime(t, c, newSigner(t))
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := rt.Volumes(snapshot.New(blobs, "snapshots", snapshot.Limits{}), 1<<30)
+	var n atomic.Int64
+	workspacetest.Run(t, func(t *testing.T) workspacetest.Subject {
+		ctx := context.Background()
+		id := fmt.Sprintf("files-%d-%d", os.Getpid(), n.Add(1))
+		vol := workspace.SessionVolume("t", id)
+		if err := volumes.Create(ctx, vol, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: img, Volume: vol}); err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		t.Cleanup(func() {
+			if err := rt.Destroy(ctx, id); err != nil {
+				t.Errorf("destroy %s: %v", id, err)
+			}
+		})
+		ws, err := volumes.Open(ctx, vol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ws.Close() })
+		client := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+		t.Cleanup(func() { client.Close() })
+		return workspacetest.Subject{
+			W: ws,
+			Sandbox: func(ctx context.Context, script string) (string, error) {
+				res, err := client.Run(ctx, wire.RunRequest{Language: wire.LanguageBash, Code: script, TimeoutMs: int64(time.Minute / time.Millisecond)}, nil)
+				if err != nil {
+					return "", err
+				}
+				out := res.Stdout + res.Stderr
+				if res.Status != wire.StatusCompleted {
+					return out, fmt.Errorf("%s: %v", res.Status, res.Error)
+				}
+				return out, nil
+			},
+		}
+	})
+}
