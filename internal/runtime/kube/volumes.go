@@ -55,9 +55,9 @@ type Volumes struct {
 	snaps      *snapshot.Store
 	maxArchive int64
 
-	mu      sync.Mutex
-	last    map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
-	saving  map[string]*saving            // volume -> its checkpoint in progress here
+	mu     sync.Mutex
+	last   map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+	saving map[string]*saving            // volume -> its checkpoint in progress here
 }
 
 // saving serialises one volume's checkpoints in this process: two at
