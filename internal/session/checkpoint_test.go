@@ -2,6 +2,7 @@ package session_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
 	"github.com/sbx-sandbox/sbx/internal/session"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -25,11 +27,25 @@ type checkpointed struct {
 	points map[string]int
 }
 
-func (c *checkpointed) Checkpoint(ctx context.Context, name string) error {
+func (c *checkpointed) Checkpoint(ctx context.Context, name, sandbox string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if sandbox == "" {
+		return errors.New("a checkpoint of no sandbox")
+	}
 	c.points[name]++
 	return nil
+}
+
+func (c *checkpointed) OpenIn(ctx context.Context, name, sandbox string) (workspace.Workspace, error) {
+	if sandbox == "" {
+		return nil, errors.New("opened in no sandbox")
+	}
+	return c.Open(ctx, name)
+}
+
+func (c *checkpointed) SaveFrom(ctx context.Context, name, sandbox, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	return c.Save(ctx, name, key, prev)
 }
 
 func (c *checkpointed) count(name string) int {

@@ -60,7 +60,10 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 		if err != nil {
 			return nil, err
 		}
-		fc, err := m.openFiles(ctx, k, s)
+		sandbox := lease.SandboxID
+		fc, err := m.openFiles(ctx, k, s, func(ctx context.Context) (workspace.Workspace, error) {
+			return cp.OpenIn(ctx, volume(k), sandbox)
+		})
 		if err != nil {
 			lease.release()
 			return nil, err
@@ -68,14 +71,18 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 		end := fc.end
 		fc.end = func() { end(); lease.release() }
 		fc.Workspace = checkpointing{Workspace: fc.Workspace, save: func(ctx context.Context) error {
-			return cp.Checkpoint(ctx, volume(k))
+			return cp.Checkpoint(ctx, volume(k), sandbox)
 		}}
 		return fc, nil
 	}
-	return m.openFiles(ctx, k, s)
+	return m.openFiles(ctx, k, s, func(ctx context.Context) (workspace.Workspace, error) {
+		return m.ws.Open(ctx, volume(k))
+	})
 }
 
-func (m *Manager) openFiles(ctx context.Context, k key, s *Session) (*FileCall, error) {
+// openFiles opens the session's workspace with open, once no
+// hibernation, claim or restore is taking it.
+func (m *Manager) openFiles(ctx context.Context, k key, s *Session, open func(context.Context) (workspace.Workspace, error)) (*FileCall, error) {
 	tenant, id := k.tenant, k.id
 	var err error
 	for {
@@ -144,7 +151,7 @@ func (m *Manager) openFiles(ctx context.Context, k key, s *Session) (*FileCall, 
 			}
 			continue
 		}
-		ws, err := m.ws.Open(ctx, volume(k))
+		ws, err := open(ctx)
 		if err != nil {
 			h.release()
 			return nil, err

@@ -418,7 +418,7 @@ func (hb *hibernation) hibernateAs(ctx context.Context, rec *store.Session, idle
 			m.log.Error("recording a destroyed sandbox", "session", rec.ID, "err", err)
 		}
 	}
-	_, st, err := m.ws.Save(ctx, volume(k), hibernatedKey(k), prev)
+	_, st, err := m.saveWorkspace(ctx, k, sb, hibernatedKey(k), prev)
 	m.Stored().Add(k.tenant, st.NewBytes+st.Manifest) // failed saves leave chunks too
 	e.mu.Lock()
 	e.saving = false

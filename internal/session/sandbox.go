@@ -9,6 +9,7 @@ import (
 	"time"
 
 	execclient "github.com/sbx-sandbox/sbx/internal/executor/client"
+	"github.com/sbx-sandbox/sbx/internal/snapshot"
 
 	"github.com/sbx-sandbox/sbx/api"
 	"github.com/sbx-sandbox/sbx/errdefs"
@@ -40,7 +41,7 @@ type Lease struct {
 // reported done.
 func (l *Lease) Release() {
 	l.once.Do(func() {
-		l.m.checkpoint(l.e.key)
+		l.m.checkpoint(l.e.key, l.sb.ID)
 		l.release()
 	})
 }
@@ -63,18 +64,19 @@ func (l *Lease) release() {
 // execution or file write that made it.
 const checkpointTimeout = 2 * time.Minute
 
-// checkpoint saves the session's workspace as its checkpoint, where the
-// workspace store keeps them (workspace.Checkpointer); a failure is
+// checkpoint saves the session's workspace, as its sandbox holds it, as
+// its checkpoint, where the workspace store keeps them
+// (workspace.Checkpointer); a failure is
 // logged and told as an event: the files written since the last
 // checkpoint are then only in the sandbox.
-func (m *Manager) checkpoint(k key) {
+func (m *Manager) checkpoint(k key, sandbox string) {
 	cp, ok := m.ws.(workspace.Checkpointer)
 	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
 	defer cancel()
-	if err := cp.Checkpoint(ctx, volume(k)); err != nil {
+	if err := cp.Checkpoint(ctx, volume(k), sandbox); err != nil {
 		m.log.Error("checkpointing a workspace; what was written since the last checkpoint is only in its sandbox", "session", k.id, "err", err)
 		m.opt.Events("checkpoint_failed")
 	}
@@ -590,4 +592,19 @@ func (ss *starts) pinLocked(k key, hash string) {
 	if err := m.save(ctx, rec); err != nil {
 		m.log.Warn("pinning template", "session", k.id, "err", err)
 	}
+}
+
+// saveWorkspace saves the session's workspace under key: where
+// workspaces live with their sandboxes, as sb (the session's sandbox, nil
+// if this process holds none) has it, or its checkpoint.
+func (m *Manager) saveWorkspace(ctx context.Context, k key, sb *sandbox.Sandbox, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	cp, ok := m.ws.(workspace.Checkpointer)
+	if !ok {
+		return m.ws.Save(ctx, volume(k), key, prev)
+	}
+	id := ""
+	if sb != nil {
+		id = sb.ID
+	}
+	return cp.SaveFrom(ctx, volume(k), id, key, prev)
 }

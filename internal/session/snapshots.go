@@ -77,7 +77,7 @@ func (sn *Snapshots) Create(ctx context.Context, tenant, id string) (*SnapshotIn
 	}
 	e.unlock()
 	sid := newSnapshotID()
-	mf, st, err := m.ws.Save(ctx, volume(k), snapshotKey(k, sid), prev)
+	mf, st, err := m.saveWorkspace(ctx, k, sb, snapshotKey(k, sid), prev)
 	m.Stored().Add(tenant, st.NewBytes+st.Manifest)
 	if err != nil {
 		return nil, fmt.Errorf("session %q: snapshot: %w", id, err)

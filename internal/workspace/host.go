@@ -108,16 +108,28 @@ type Store interface {
 var _ Store = (*Dirs)(nil)
 
 // Checkpointer is a Store whose workspaces live with their sandboxes
-// (a Pod's emptyDir: internal/runtime/kube) and outlive them only as
-// far as they were saved. The layer above calls Checkpoint after every
+// (a Pod's emptyDir: internal/runtime/kube) and outlive them only as far
+// as they were saved. The layer above calls Checkpoint after every
 // completed execution and file write, before it answers, so that losing
 // the sandbox loses nothing a completed call wrote. Dirs is no
 // Checkpointer: its directories outlive every sandbox.
 //
-// Such a Store's Open needs a running sandbox over the workspace
-// (ErrUnavailable without one): the layer above starts one first.
+// Such a Store's workspace is in one sandbox, the session's, which the
+// layer above names: another sandbox still running over the same volume
+// (a start a dead replica left, not yet collected) holds an old copy,
+// and reaching it by the volume's name alone could read it or save it
+// over the real one. Its Open needs a running sandbox over the workspace
+// (ErrUnavailable without one): the layer above starts one first and
+// opens it there.
 type Checkpointer interface {
-	Checkpoint(ctx context.Context, name string) error
+	// Checkpoint saves the workspace of name as sandbox holds it as the
+	// workspace's checkpoint.
+	Checkpoint(ctx context.Context, name, sandbox string) error
+	// OpenIn opens the workspace of name in sandbox.
+	OpenIn(ctx context.Context, name, sandbox string) (Workspace, error)
+	// SaveFrom saves the workspace of name under key: as sandbox holds
+	// it, or with no sandbox ("") as its checkpoint has it.
+	SaveFrom(ctx context.Context, name, sandbox, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error)
 }
 
 // Wait waits for the removals Discard started.

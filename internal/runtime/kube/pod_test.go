@@ -3,16 +3,19 @@ package kube
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes/fake"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	blobfs "github.com/sbx-sandbox/sbx/internal/blob/fs"
 	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
@@ -220,19 +223,21 @@ func TestArchiveBound(t *testing.T) {
 	}
 }
 
-// TestHolder: the Pod that holds a volume is found by its label, then by
-// name while it holds it; once it is gone, the one holding it since is
-// found again, and none when none does.
+// TestHolder: by the volume's name, the holder is the newest running
+// Pod labelled with it (a start a dead replica left may run beside the
+// session's until the leader collects it); by the sandbox the session
+// names, that sandbox, or ErrUnavailable once it holds it no more.
 func TestHolder(t *testing.T) {
 	r := newTestRuntime(t)
 	v := r.Volumes(nil, 0)
 	ctx := t.Context()
-	run := func(id string) {
+	run := func(id string, created time.Time) {
 		t.Helper()
 		pod, err := r.podSpec(runtime.Spec{ID: id, Image: "sbx/python:abc", Volume: "t/s"}, "img", runtime.DefaultResources)
 		if err != nil {
 			t.Fatal(err)
 		}
+		pod.CreationTimestamp = metav1.NewTime(created)
 		pod.Status.Phase = corev1.PodRunning
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName}}
 		if _, err := r.pods().Create(ctx, pod, metav1.CreateOptions{}); err != nil {
@@ -253,25 +258,29 @@ func TestHolder(t *testing.T) {
 	if h := holder(); h != "" {
 		t.Fatalf("no Pod, holder %q", h)
 	}
-	run("a")
-	if h := holder(); h != "a" {
-		t.Fatalf("holder %q, want a", h)
-	}
-	if h := holder(); h != "a" {
-		t.Fatalf("again: holder %q, want a", h)
-	}
-	if err := r.pods().Delete(ctx, podName("a"), metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	run("b")
+	now := time.Now()
+	run("b", now)
+	run("a", now.Add(-time.Minute)) // older: a dead replica's start
 	if h := holder(); h != "b" {
-		t.Fatalf("after a went and b came: holder %q, want b", h)
+		t.Fatalf("holder %q, want the newest, b", h)
+	}
+	if info, err := v.in(ctx, "t/s", "a"); err != nil || info.ID != "a" {
+		t.Errorf("in a: %+v, %v", info, err)
+	}
+	if _, err := v.in(ctx, "t/s", "c"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("in a sandbox that does not exist: %v, want unavailable", err)
+	}
+	if _, err := v.in(ctx, "t/other", "b"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("in a sandbox of another volume: %v, want unavailable", err)
 	}
 	if err := r.pods().Delete(ctx, podName("b"), metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if h := holder(); h != "" {
-		t.Fatalf("all gone: holder %q", h)
+	if h := holder(); h != "a" {
+		t.Fatalf("after b went: holder %q, want a", h)
+	}
+	if _, err := v.in(ctx, "t/s", "b"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("in a sandbox gone: %v, want unavailable", err)
 	}
 }
 

@@ -368,7 +368,7 @@ func TestKubernetesPoolClaimKeepsCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	ws.Close()
-	if err := vols.Checkpoint(ctx, vol); err != nil {
+	if err := vols.Checkpoint(ctx, vol, "first"); err != nil {
 		t.Fatal(err)
 	}
 	if err := rt.Destroy(ctx, "first"); err != nil {

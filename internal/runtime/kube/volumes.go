@@ -55,10 +55,9 @@ type Volumes struct {
 	snaps      *snapshot.Store
 	maxArchive int64
 
-	mu      sync.Mutex
-	last    map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
-	saving  map[string]*saving            // volume -> its checkpoint in progress here
-	holders map[string]string             // volume -> the sandbox last seen holding it
+	mu     sync.Mutex
+	last   map[string]*snapshot.Manifest // volume -> its checkpoint as last saved here
+	saving map[string]*saving            // volume -> its checkpoint in progress here
 }
 
 // saving serialises one volume's checkpoints in this process: two at
@@ -76,7 +75,7 @@ var (
 // Volumes returns the runtime's workspace store, checkpointing into
 // snaps. maxArchive bounds an archive an executor sends.
 func (r *Runtime) Volumes(snaps *snapshot.Store, maxArchive int64) *Volumes {
-	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}, saving: map[string]*saving{}, holders: map[string]string{}}
+	v := &Volumes{rt: r, snaps: snaps, maxArchive: maxArchive, last: map[string]*snapshot.Manifest{}, saving: map[string]*saving{}}
 	r.mu.Lock()
 	r.volumes = v
 	r.mu.Unlock()
@@ -92,48 +91,41 @@ func (v *Volumes) holder(ctx context.Context, name string) (string, error) {
 	return info.ID, nil
 }
 
-// holderInfo finds the holder of volume name: the sandbox this process
-// last saw holding it, if its Pod still does (one read of that Pod by
-// name), else the one a search by the volume's label finds (a Pod
-// another replica made, or made since).
+// holderInfo finds a running sandbox whose Pod holds volume name by the
+// volume's label: the newest, if a start a dead replica left still runs
+// beside the session's (the leader collects it). The session layer names
+// the session's own sandbox instead (in, OpenIn, Checkpoint, SaveFrom);
+// this serves the Store's calls by name.
 func (v *Volumes) holderInfo(ctx context.Context, name string) (*runtime.Info, error) {
-	v.mu.Lock()
-	id, known := v.holders[name]
-	v.mu.Unlock()
-	if known {
-		pod, err := v.rt.pods().Get(ctx, podName(id), metav1.GetOptions{})
-		if err == nil {
-			if info, ok := v.rt.info(pod); ok && info.ID == id && info.Volume == name && info.State == runtime.StateRunning {
-				return &info, nil
-			}
-		} else if !apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("volume %s: %w", name, apiErr(err))
-		}
-	}
 	list, err := v.rt.pods().List(ctx, metav1.ListOptions{LabelSelector: labelVolume + "=" + volumeLabel(name)})
 	if err != nil {
 		return nil, fmt.Errorf("volume %s: %w", name, apiErr(err))
 	}
+	var newest *runtime.Info
 	for i := range list.Items {
 		p := &list.Items[i]
 		if info, ok := v.rt.info(p); ok && info.Volume == name && info.State == runtime.StateRunning {
-			v.held(name, info.ID)
+			if newest == nil || info.CreatedAt.After(newest.CreatedAt) {
+				newest = &info
+			}
+		}
+	}
+	return newest, nil
+}
+
+// in is sandbox's Info if its Pod runs and holds volume name;
+// ErrUnavailable if it does not (gone, stopped, another volume's).
+func (v *Volumes) in(ctx context.Context, name, sandbox string) (*runtime.Info, error) {
+	pod, err := v.rt.pods().Get(ctx, podName(sandbox), metav1.GetOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("workspace %s: %w", name, apiErr(err))
+	}
+	if err == nil {
+		if info, ok := v.rt.info(pod); ok && info.ID == sandbox && info.Volume == name && info.State == runtime.StateRunning {
 			return &info, nil
 		}
 	}
-	v.held(name, "")
-	return nil, nil
-}
-
-// held remembers that sandbox id holds volume name ("": none does).
-func (v *Volumes) held(name, id string) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if id == "" {
-		delete(v.holders, name)
-	} else {
-		v.holders[name] = id
-	}
+	return nil, fmt.Errorf("workspace %s: sandbox %s does not hold it (gone, stopped or another's): %w", name, sandbox, errdefs.ErrUnavailable)
 }
 
 // archiveBound is the most an archive of a workspace limited to diskMB
@@ -193,6 +185,16 @@ func (v *Volumes) Open(ctx context.Context, name string) (workspace.Workspace, e
 	return closingWorkspace{ws, c}, nil
 }
 
+// OpenIn opens the workspace of name in sandbox, the session's.
+func (v *Volumes) OpenIn(ctx context.Context, name, sandbox string) (workspace.Workspace, error) {
+	info, err := v.in(ctx, name, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	c, ws := v.client(info.ID, info.Resources.DiskMB)
+	return closingWorkspace{ws, c}, nil
+}
+
 // closingWorkspace closes its client with the workspace.
 type closingWorkspace struct {
 	*execclient.Workspace
@@ -217,13 +219,31 @@ func (v *Volumes) Exists(ctx context.Context, name string) (bool, error) {
 	return true, nil
 }
 
-// Save saves the workspace under key: its live tree if a Pod holds it,
-// else its checkpoint.
+// Save saves the workspace under key: the live tree of the newest Pod
+// that holds it, else its checkpoint. The session layer says which
+// sandbox is the session's (SaveFrom).
 func (v *Volumes) Save(ctx context.Context, name, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
 	info, err := v.holderInfo(ctx, name)
 	if err != nil {
 		return nil, snapshot.Stats{}, err
 	}
+	return v.saveFrom(ctx, name, info, key, prev)
+}
+
+// SaveFrom saves the workspace of name under key as sandbox (the
+// session's) holds it, or with no sandbox as its checkpoint has it.
+func (v *Volumes) SaveFrom(ctx context.Context, name, sandbox, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
+	var info *runtime.Info
+	if sandbox != "" {
+		var err error
+		if info, err = v.in(ctx, name, sandbox); err != nil {
+			return nil, snapshot.Stats{}, err
+		}
+	}
+	return v.saveFrom(ctx, name, info, key, prev)
+}
+
+func (v *Volumes) saveFrom(ctx context.Context, name string, info *runtime.Info, key string, prev *snapshot.Manifest) (*snapshot.Manifest, snapshot.Stats, error) {
 	if info == nil {
 		if err := v.snaps.Copy(ctx, checkpointKey(name), key); err != nil {
 			if errors.Is(err, errdefs.ErrNotFound) {
@@ -291,18 +311,11 @@ func (v *Volumes) importInto(ctx context.Context, id, key string) error {
 	return err
 }
 
-// Restore makes the tree saved at key the workspace's: its checkpoint
-// from now on, and, if a Pod holds it, that Pod's files.
+// Restore makes the tree saved at key the workspace's checkpoint, which
+// the next Pod of the volume is given. The session layer has let its
+// sandbox go before (a hibernated session's wake, a snapshot's restore):
+// a Pod still running over the volume is no one's to import into.
 func (v *Volumes) Restore(ctx context.Context, name, key string, diskMB int64) error {
-	id, err := v.holder(ctx, name)
-	if err != nil {
-		return err
-	}
-	if id != "" {
-		if err := v.importInto(ctx, id, key); err != nil {
-			return fmt.Errorf("workspace %s: %w", name, err)
-		}
-	}
 	v.forget(name)
 	return v.snaps.Copy(ctx, key, checkpointKey(name))
 }
@@ -338,8 +351,6 @@ func (v *Volumes) Claim(ctx context.Context, pooled, name string) error {
 			return fmt.Errorf("workspace %s: no running sandbox holds it: %w", name, errdefs.ErrUnavailable)
 		}
 	}
-	v.held(pooled, "")
-	v.held(name, id)
 	v.forget(name)
 	if saved {
 		if err := v.importInto(ctx, id, checkpointKey(name)); err != nil {
@@ -370,13 +381,14 @@ func (v *Volumes) Reset(context.Context, map[string]bool) error { return nil }
 // Wait has nothing to wait for.
 func (v *Volumes) Wait() {}
 
-// Checkpoint saves the live workspace of name as its checkpoint, from
-// the last one this process saved where files are unchanged. Without a
-// Pod holding it there is nothing newer than the checkpoint.
-func (v *Volumes) Checkpoint(ctx context.Context, name string) error {
+// Checkpoint saves the workspace of name as sandbox (the session's)
+// holds it as its checkpoint, from the last one this process saved where
+// files are unchanged. A sandbox that no longer holds it (gone meanwhile)
+// has nothing newer than the checkpoint: ErrUnavailable says so.
+func (v *Volumes) Checkpoint(ctx context.Context, name, sandbox string) error {
 	defer v.serialise(name)()
-	info, err := v.holderInfo(ctx, name)
-	if err != nil || info == nil {
+	info, err := v.in(ctx, name, sandbox)
+	if err != nil {
 		return err
 	}
 	v.mu.Lock()
@@ -422,7 +434,6 @@ func (v *Volumes) forget(name string) {
 
 // restore gives a new Pod of volume name its checkpoint, if it has one.
 func (v *Volumes) restore(ctx context.Context, id, name string) error {
-	v.held(name, id)
 	if _, err := v.snaps.Load(ctx, checkpointKey(name)); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return nil

@@ -108,8 +108,8 @@ type Harness struct {
 	// (a Pod's emptyDir; workspace.Checkpointer), saves a volume as the
 	// control plane does after every completed call. Lifecycle calls it
 	// before the sandbox goes, and then checks the volume outlives it as
-	// of that checkpoint.
-	Checkpoint func(ctx context.Context, volume string) error
+	// of that checkpoint. sandbox is the one that holds the volume.
+	Checkpoint func(ctx context.Context, volume, sandbox string) error
 	// PodNetwork: the sandbox has a network interface of its own besides
 	// loopback (a Pod's eth0), whose egress the cluster's NetworkPolicy
 	// closes. HostNetwork then expects lo and eth0, and still no service
@@ -273,7 +273,7 @@ func testLifecycle(t *testing.T, h *Harness) {
 	}
 	s.MustRun(t, "python", "open('/workspace/out.txt','w').write('data')")
 	if h.Checkpoint != nil {
-		if err := h.Checkpoint(ctx, s.Volume); err != nil {
+		if err := h.Checkpoint(ctx, s.Volume, s.ID); err != nil {
 			t.Fatalf("checkpoint: %v", err)
 		}
 	}
