@@ -3,11 +3,13 @@ package session_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 	"github.com/sbx-sandbox/sbx/internal/runtime/runtimetest"
@@ -40,6 +42,10 @@ func (c *checkpointed) Checkpoint(ctx context.Context, name, sandbox string) err
 func (c *checkpointed) OpenIn(ctx context.Context, name, sandbox string) (workspace.Workspace, error) {
 	if sandbox == "" {
 		return nil, errors.New("opened in no sandbox")
+	}
+	// As a Pod's: only a running sandbox holds the workspace.
+	if info, err := c.rt.Inspect(ctx, sandbox); err != nil || info.State != runtime.StateRunning {
+		return nil, fmt.Errorf("sandbox %s does not hold %s: %w", sandbox, name, errdefs.ErrUnavailable)
 	}
 	return c.Open(ctx, name)
 }
@@ -128,5 +134,22 @@ func TestCheckpointedWorkspaces(t *testing.T) {
 	}
 	if n := ws.count(vol); n != 3 {
 		t.Errorf("after a read: %d checkpoints, want 3", n)
+	}
+
+	// The sandbox gone from under the session (a Pod deleted): the next
+	// file call lets it go and starts a new one, rather than fail for as
+	// long as no execution notices.
+	l := sandboxes(t, s.rt)
+	if len(l) != 1 {
+		t.Fatalf("sandboxes: %+v", l)
+	}
+	if err := s.rt.Stop(ctx, l[0].ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, m, "s", "out.txt"); got != "x" {
+		t.Errorf("out.txt after the sandbox went: %q", got)
+	}
+	if l2 := sandboxes(t, s.rt); len(l2) != 1 || l2[0].ID == l[0].ID {
+		t.Errorf("sandboxes after: %+v, want one new one", l2)
 	}
 }

@@ -55,7 +55,7 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 	// needs the sandbox running, and holds it as an execution does; every
 	// write is checkpointed before it is answered.
 	cp, withSandbox := m.ws.(workspace.Checkpointer)
-	if withSandbox {
+	for attempt := 0; withSandbox; attempt++ {
 		lease, err := m.Acquire(ctx, tenant, id)
 		if err != nil {
 			return nil, err
@@ -65,6 +65,13 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 			return cp.OpenIn(ctx, volume(k), sandbox)
 		})
 		if err != nil {
+			// A sandbox gone from under the session (a Pod deleted) is
+			// let go, as an execution that finds it dead lets it go, and
+			// the call starts a new one with the workspace as it was.
+			if attempt == 0 && errors.Is(err, errdefs.ErrUnavailable) && lease.Lost(ctx) {
+				lease.release()
+				continue
+			}
 			lease.release()
 			return nil, err
 		}
