@@ -70,6 +70,7 @@ func TestKubernetes(t *testing.T) {
 		// baseline capabilities (docs/SECURITY.md, "In a Pod").
 		PodNetwork:      true,
 		SharedProcesses: true,
+		SandboxWidePids: true,
 		ExecutorCaps:    1 << 5, // KILL
 		Reopen:          func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
 		Image:           img,

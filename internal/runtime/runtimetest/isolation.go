@@ -2,6 +2,7 @@ package runtimetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/runtime"
 )
@@ -347,6 +349,10 @@ print(len(kids))`}, nil)
 				bystander <- ""
 			}
 		}()
+		if h.SandboxWidePids {
+			forkBombSandboxWide(t, h, b, bystander)
+			return
+		}
 		res := b.Run(t, "bash", `bomb() { bomb | bomb & }; bomb; sleep 3`, 5*time.Second)
 		if res.Status == wire.StatusCompleted && res.ExitCode == 0 {
 			t.Logf("fork bomb ended as %s", res.Status)
@@ -385,6 +391,48 @@ print(len(kids))`}, nil)
 
 // memoryBomb allocates and touches 1 GiB.
 const memoryBomb = "x = bytearray(1 << 30)\nx[::4096] = b'x' * len(x[::4096])\nprint('survived')"
+
+// forkBombSandboxWide is ForkBomb for a runtime with SandboxWidePids: the
+// bomb takes every process the sandbox may have, its executor's included,
+// so the run may end without a result and the sandbox with it. What must
+// hold: the run ends (no hang), the bystander sandbox forks meanwhile,
+// and the bomb's sandbox then answers or is reported gone, never stuck
+// in between.
+func forkBombSandboxWide(t *testing.T, h *Harness, b *Sandbox, bystander <-chan string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := b.Client.Run(ctx, wire.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "bash",
+		Code: `bomb() { bomb | bomb & }; bomb; sleep 3`, TimeoutMs: 5000}, nil)
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("the fork bomb's run never ended: %v", err)
+	case err != nil:
+		t.Logf("the fork bomb's run ended without a result: %v", err)
+	default:
+		t.Logf("fork bomb ended as %s", res.Status)
+	}
+	if msg := <-bystander; msg != "" {
+		t.Errorf("a bystander could not fork during the fork bomb: %s", msg)
+	}
+	for {
+		info, err := h.Runtime.Inspect(ctx, b.ID)
+		if errors.Is(err, errdefs.ErrNotFound) || err == nil && info.State == runtime.StateStopped {
+			t.Logf("the fork bomb's sandbox ended (%v)", err)
+			return
+		}
+		hctx, hcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, herr := b.Client.Health(hctx)
+		hcancel()
+		if herr == nil {
+			b.MustRun(t, "python", "print(1)")
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the fork bomb's sandbox neither answers nor ended: %+v, %v; health: %v", info, err, herr)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
 
 // memoryBombSandboxWide is MemoryBomb for a runtime with SandboxWideOOM:
 // the bomb takes the whole sandbox b down, and that must be visible to the

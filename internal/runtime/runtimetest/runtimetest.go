@@ -104,6 +104,13 @@ type Harness struct {
 	// then judges by what matters: no write lands in the root, and the
 	// template on the host is unchanged.
 	EmulatedMounts bool
+	// SandboxWidePids: the processes limit holds the sandbox as a whole,
+	// its executor included (a Pod's pids limit, which the executor
+	// cannot divide: it has no cgroup of its own to make), so a fork bomb
+	// may end the sandbox. ForkBomb then checks the run ends, the
+	// bystander forks meanwhile, and the sandbox answers afterwards or is
+	// reported gone.
+	SandboxWidePids bool
 	// Checkpoint, for a runtime whose volumes live with their sandboxes
 	// (a Pod's emptyDir; workspace.Checkpointer), saves a volume as the
 	// control plane does after every completed call. Lifecycle calls it
