@@ -72,6 +72,7 @@ func TestKubernetes(t *testing.T) {
 		SharedProcesses: true,
 		SandboxWidePids: true,
 		ExecutorCaps:    1 << 5, // KILL
+		ZygoteCaps:      1 << 6, // SETGID
 		Reopen:          func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
 		Image:           img,
 		NewVolume: func(t testing.TB) string {
