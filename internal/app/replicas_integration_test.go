@@ -188,6 +188,8 @@ func (cl *cluster) run(t *testing.T) {
 		t.Run("PodAndReplicaKilled", cl.testPodAndReplicaKilled)
 		t.Run("PodDeletedMidExecution", cl.testPodDeletedMidExecution)
 		t.Run("Orphans", cl.testOrphans)
+		t.Run("PodDeletedRunning", cl.testPodDeletedRunning)
+		t.Run("Conversations", cl.testConversations)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"net"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,13 +51,45 @@ func (cl *cluster) podOf(t *testing.T, sid string) runtime.Info {
 
 // deletePod deletes sandbox id's Pod from outside sbx, as `kubectl delete
 // pod --force --grace-period=0` does, and waits until the API server no
-// longer has it.
+// longer has it and its executor no longer answers: the API forgets a
+// force-deleted Pod at once, while the kubelet stops its container a
+// moment later, and a call in between still reaches it (which the
+// session must tell apart: testPodDeletedRunning).
 func (cl *cluster) deletePod(t *testing.T, id string) {
+	t.Helper()
+	waitGone(t, cl.deletePodObject(t, id))
+}
+
+// waitGone waits until nothing answers at addr, a deleted Pod's executor.
+func waitGone(t *testing.T, addr string) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err != nil {
+			return
+		}
+		c.Close()
+		if time.Now().After(deadline) {
+			t.Fatalf("the executor of a deleted pod still answers at %s a minute later", addr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// deletePodObject force-deletes sandbox id's Pod and waits until the API
+// server no longer has it; it returns the executor's address the Pod had.
+func (cl *cluster) deletePodObject(t *testing.T, id string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	pods := cl.kube.Client.CoreV1().Pods(cl.kube.Namespace)
 	name := kube.PodName(id)
+	p, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("pod %s: %v", name, err)
+	}
+	addr := net.JoinHostPort(p.Status.PodIP, "7071")
 	zero := int64(0)
 	if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 		t.Fatalf("deleting pod %s: %v", name, err)
@@ -65,7 +98,7 @@ func (cl *cluster) deletePod(t *testing.T, id string) {
 		_, err := pods.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			t.Logf("pod %s (sandbox %s) deleted", name, id)
-			return
+			return addr
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("pod %s still there a minute after its forced delete: %v", name, err)
@@ -348,6 +381,96 @@ func (cl *cluster) testOrphans(t *testing.T) {
 		t.Error(err)
 	}
 	if err := cl.rt.Destroy(ctx, peer.ID); err != nil {
+		t.Error(err)
+	}
+}
+
+// conversationCode answers what a run of a conversation reads of its own
+// temp area and whether it reaches conversation c1's.
+const conversationCode = `
+import os
+def read(p):
+    try:
+        return open(p).read()
+    except OSError as e:
+        return type(e).__name__
+return {"own": read('/workspace/uploads/temparea/notes.txt'), "c1": read('/workspace/uploads/c1/temparea/notes.txt')}
+`
+
+// testConversations: conversation temp areas in Pods (the executor's
+// podviews.go), through the API: each conversation's code reads its own
+// uploads at uploads/temparea and not another's, through any replica, and
+// so again in the new Pod after the first one is deleted.
+func (cl *cluster) testConversations(t *testing.T) {
+	cl.ensureAll(t)
+	sid := "conversations-" + token()
+	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, conv := range []string{"c1", "c2"} {
+		if _, err := cl.c(i).Upload(ctx, sid, client.UploadOptions{ConversationID: conv},
+			client.UploadFile{Name: "notes.txt", Reader: strings.NewReader("notes of " + conv)}); err != nil {
+			t.Fatalf("upload to %s: %v\nlogs:\n%s", conv, err, cl.logs(20, sid))
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		for i, conv := range []string{"c1", "c2"} {
+			x := cl.exec(t, 2-i, sid, api.ExecuteRequest{Code: conversationCode, ConversationID: conv})
+			var got map[string]string
+			if err := json.Unmarshal(x.ReturnValue, &got); err != nil {
+				t.Fatalf("%s: %v: %s", when, err, x.ReturnValue)
+			}
+			wantC1 := "notes of c1"
+			if conv != "c1" {
+				wantC1 = "PermissionError"
+			}
+			if got["own"] != "notes of "+conv || got["c1"] != wantC1 {
+				t.Errorf("%s: conversation %s read %v", when, conv, got)
+			}
+		}
+	}
+	check("first Pod")
+	old := cl.podOf(t, sid)
+	cl.deletePod(t, old.ID)
+	check("after the Pod's delete")
+	cl.newPod(t, sid, old)
+	if _, err := cl.c(1).DeleteSession(ctx, sid); err != nil {
+		t.Error(err)
+	}
+}
+
+// testPodDeletedRunning: a call right after a Pod's forced delete, while
+// its container may still run (the API forgets the Pod at once, the
+// kubelet stops the container a moment later). Whichever it reaches, an
+// execution reported completed has its file kept: one that ran in the
+// dying container, whose writes could not be checkpointed, is reported
+// lost instead.
+func (cl *cluster) testPodDeletedRunning(t *testing.T) {
+	cl.ensureAll(t)
+	sid := "pod-deleted-running-" + token()
+	cl.create(t, 0, api.CreateSessionRequest{SessionID: sid})
+	cl.exec(t, 1, sid, api.ExecuteRequest{Code: "print('warm')"})
+	old := cl.podOf(t, sid)
+	addr := cl.deletePodObject(t, old.ID)
+	mark := token()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	x, err := cl.c(1).Execute(ctx, sid, api.ExecuteRequest{Code: fmt.Sprintf("open('/workspace/late.txt', 'w').write(%q)", mark)})
+	waitGone(t, addr)
+	got := cl.exec(t, 2, sid, api.ExecuteRequest{Code: "import os\nreturn open('/workspace/late.txt').read() if os.path.exists('/workspace/late.txt') else None"})
+	switch {
+	case err == nil && x.Status == api.ExecCompleted:
+		t.Logf("the write reached a live sandbox")
+		if string(got.ReturnValue) != strconv.Quote(mark) {
+			t.Errorf("an execution reported completed wrote late.txt, which now reads %s\nlogs:\n%s", got.ReturnValue, cl.logs(30, sid))
+		}
+	case err == nil && x.Error != nil && x.Error.Type == execution.ErrTypeSandboxLost:
+		t.Logf("the write reached the dying container and was reported lost: %s", x.Error.Message)
+	default:
+		t.Errorf("the write: %s\nlogs:\n%s", describeExec(x, err), cl.logs(30, sid))
+	}
+	if _, err := cl.c(0).DeleteSession(ctx, sid); err != nil {
 		t.Error(err)
 	}
 }

@@ -412,10 +412,18 @@ func (s *Service) run(ctx context.Context, r *Run) {
 			r.mu.Unlock()
 		})
 		cancel()
+		var saveErr error
 		if err == nil && res.WorkspaceUnchanged {
 			lease.ReleaseUnchanged()
 		} else {
-			lease.Release()
+			saveErr = lease.Release()
+		}
+		if err == nil && errors.Is(saveErr, errdefs.ErrUnavailable) && ctx.Err() == nil && lease.Lost(ctx) {
+			// It ran to its end in a sandbox that was gone meanwhile (a
+			// Pod deleted while its container still ran): what it wrote
+			// is lost with it, so it is not reported done.
+			s.finish(r, nil, s.failure(ctx, fmt.Errorf("the sandbox was deleted before what the execution wrote was saved (the session's next execution gets a new one over the workspace as the last saved call left it): %w", saveErr), ErrTypeSandboxLost))
+			return
 		}
 		if err == nil && res.Status == wire.StatusCancelled && ctx.Err() == nil && lease.Lost(ctx) {
 			// Cancelled by no one here: its sandbox went away under it

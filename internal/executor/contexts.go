@@ -75,7 +75,7 @@ func (pc *pyContext) run(e *execution) outcome {
 			pc.kill(proc) // forget the dead one, and close its channel
 		}
 		var err error
-		if proc, ctl, err = pc.start(e.ctx); err != nil {
+		if proc, ctl, err = pc.start(e.ctx, e.group); err != nil {
 			return startFailure(e.ctx, err)
 		}
 	}
@@ -136,7 +136,7 @@ func (pc *pyContext) run(e *execution) outcome {
 }
 
 // start forks the context process and waits for its hello.
-func (pc *pyContext) start(ctx context.Context) (*child, *net.UnixConn, error) {
+func (pc *pyContext) start(ctx context.Context, group int) (*child, *net.UnixConn, error) {
 	z, err := pc.s.readyZygote(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -145,7 +145,7 @@ func (pc *pyContext) start(ctx context.Context) (*child, *net.UnixConn, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("context socketpair: %w", err)
 	}
-	proc, err := z.spawn(ctx, kindContext, pc.key.conversation, []int{fds[1]})
+	proc, err := z.spawn(ctx, kindContext, runFor{pc.key.conversation, group}, []int{fds[1]})
 	unix.Close(fds[1])
 	if err != nil {
 		unix.Close(fds[0])

@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"bytes"
 	"fmt"
 	"io/fs"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
 
@@ -22,8 +24,45 @@ func (s *Server) filesHandler() http.Handler {
 			writeError(w, err)
 			return
 		}
+		if s.views != nil {
+			s.ownUploads(ws, w, r)
+			return
+		}
 		FilesHandler(ws).ServeHTTP(w, r)
 	}))
+}
+
+// ownUploads serves a file route in the unprivileged mode, where what
+// lands under uploads/C gets C's group and modes (podviews.go): an
+// upload's conversation directory before the file is written (so that no
+// other conversation's code can reach it meanwhile) and what was written
+// after; everything after an import of the whole workspace.
+func (s *Server) ownUploads(ws *workspace.Local, w http.ResponseWriter, r *http.Request) {
+	var after func() error
+	switch {
+	case r.Method == http.MethodPut && r.URL.Path == wire.FilesUpload:
+		conv := r.URL.Query().Get("conversation_id")
+		if err := s.views.own(conv); err != nil {
+			writeError(w, fmt.Errorf("files: %w", err))
+			return
+		}
+		after = func() error { return s.views.own(conv) }
+	case r.Method == http.MethodPut && r.URL.Path == wire.FilesArchive:
+		after = s.views.ownAll
+	}
+	if after == nil {
+		FilesHandler(ws).ServeHTTP(w, r)
+		return
+	}
+	// The answer waits for the modes: a client that reads it may run code
+	// of another conversation next.
+	rec := &heldResponse{header: http.Header{}}
+	FilesHandler(ws).ServeHTTP(rec, r)
+	if err := after(); err != nil && rec.status < 300 {
+		writeError(w, fmt.Errorf("files: %w", err))
+		return
+	}
+	rec.send(w)
 }
 
 // workspace opens the workspace the first time a file route needs it: a
@@ -122,28 +161,13 @@ func raiseCaps(caps uint32) (restore func() error, err error) {
 
 // initWorkspace makes the workspace ready before any code runs, with the
 // file capabilities on this one thread (a Pod's emptyDir is not the
-// sandbox user's until then).
+// sandbox user's until then), and gives the conversations' uploads their
+// groups (podviews.go).
 func (s *Server) initWorkspace() error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		restore, err := raiseCaps(fileCaps)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- err
-			return
-		}
-		_, err = s.workspace()
-		if restore() != nil {
-			// The thread keeps its capabilities: it ends with this
-			// goroutine, still locked.
-			done <- err
-			return
-		}
-		runtime.UnlockOSThread()
-		done <- err
-	}()
-	return <-done
+	if err := withFileCapsDo(func() error { _, err := s.workspace(); return err }); err != nil {
+		return err
+	}
+	return s.views.ownAll()
 }
 
 // snapshotWorkspace walks the workspace for a run's artifacts. Under runc
@@ -171,4 +195,36 @@ func (s *Server) snapshotWorkspace() workspaceSnapshot {
 		done <- snap
 	}()
 	return <-done
+}
+
+// heldResponse keeps a file route's answer (a few hundred bytes of JSON)
+// until ownUploads has set the modes.
+type heldResponse struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (h *heldResponse) Header() http.Header { return h.header }
+
+func (h *heldResponse) WriteHeader(status int) {
+	if h.status == 0 {
+		h.status = status
+	}
+}
+
+func (h *heldResponse) Write(b []byte) (int, error) {
+	h.WriteHeader(http.StatusOK)
+	return h.body.Write(b)
+}
+
+func (h *heldResponse) send(w http.ResponseWriter) {
+	for k, v := range h.header {
+		w.Header()[k] = v
+	}
+	if h.status == 0 {
+		h.status = http.StatusOK
+	}
+	w.WriteHeader(h.status)
+	_, _ = w.Write(h.body.Bytes())
 }

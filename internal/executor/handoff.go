@@ -27,16 +27,34 @@ type idleWorker struct {
 // stdout, stderr and result descriptors, for a run without a conversation.
 var runMsg = []byte(`{"op":"run"}`)
 
-// runMessage is the run message for a run of conversation (or none). The
-// worker is still privileged when it reads it: the conversation id (valid
-// by then, see ValidConversationID) is all of the request it sees before
-// it drops its privileges, and it needs that to make the run's view of
-// the uploads (worker.py's conversation_view).
-func runMessage(conversation string) []byte {
-	if conversation == "" {
+// runFor is whom a worker runs for: a conversation (or none) and, in the
+// unprivileged mode, that conversation's group (podviews.go).
+type runFor struct {
+	conversation string
+	group        int
+}
+
+// fields adds f to a message to the zygote or a worker.
+func (f runFor) fields(m map[string]any) map[string]any {
+	if f.conversation != "" {
+		m["conversation"] = f.conversation
+	}
+	if f.group != 0 {
+		m["group"] = f.group
+	}
+	return m
+}
+
+// runMessage is the run message for a run for f. The worker is still
+// privileged when it reads it: the conversation id (valid by then, see
+// ValidConversationID) and its group are all of the request it sees before
+// it drops its privileges, and it needs them to make the run's view of
+// the uploads (worker.py's enter_run).
+func runMessage(f runFor) []byte {
+	if f.conversation == "" {
 		return runMsg
 	}
-	b, _ := json.Marshal(map[string]string{"op": "run", "conversation": conversation})
+	b, _ := json.Marshal(f.fields(map[string]any{"op": "run"}))
 	return b
 }
 
@@ -48,12 +66,12 @@ func runMessage(conversation string) []byte {
 // demand.)
 const busyPreforkAfter = 100 * time.Millisecond
 
-// startRun gives a run of conversation (or none) (fds: payload, stdout,
-// stderr, result; the caller keeps and closes them) to a pre-forked worker,
-// or to a fresh one. stop must be called once the run is over.
-func (z *zygote) startRun(ctx context.Context, conversation string, fds []int) (c *child, stop func(), err error) {
+// startRun gives a run for f (fds: payload, stdout, stderr, result; the
+// caller keeps and closes them) to a pre-forked worker, or to a fresh one.
+// stop must be called once the run is over.
+func (z *zygote) startRun(ctx context.Context, f runFor, fds []int) (c *child, stop func(), err error) {
 	rights := unix.UnixRights(fds...)
-	msg := runMessage(conversation)
+	msg := runMessage(f)
 	for {
 		z.mu.Lock()
 		if len(z.idle) == 0 {
@@ -80,7 +98,7 @@ func (z *zygote) startRun(ctx context.Context, conversation string, fds []int) (
 		})
 		return w.c, func() { t.Stop() }, nil
 	}
-	c, err = z.spawn(ctx, kindRun, conversation, fds)
+	c, err = z.spawn(ctx, kindRun, f, fds)
 	return c, func() {}, err
 }
 

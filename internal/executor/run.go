@@ -45,11 +45,23 @@ type execution struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{} // closed once res is set
 	res    *wire.Result
+	// group is the conversation's in the unprivileged mode (enterView).
+	group int
 
 	// Set by begin, when the run leaves its queue and starts:
 	startedAt time.Time
 	before    workspaceSnapshot
 	oomBefore uint64
+}
+
+// enterView, in the unprivileged mode, waits for the run's turn at the
+// uploads view of its conversation (podviews.go); release ends it.
+func (e *execution) enterView() (release func(), err error) {
+	if e.s.views == nil || e.req.ConversationID == "" {
+		return func() {}, nil
+	}
+	e.group, release, err = e.s.views.enter(e.ctx, e.req.ConversationID, e.timeout())
+	return release, err
 }
 
 // begin records the state the run's outcome is compared with: the
@@ -114,11 +126,16 @@ func (e *execution) supervise() {
 	defer e.cancel(nil)
 	s := e.s
 	var o outcome
-	if e.pc != nil {
-		o = e.pc.run(e)
+	if release, err := e.enterView(); err != nil {
+		o = startFailure(e.ctx, err)
 	} else {
-		e.begin()
-		o = e.runStateless()
+		if e.pc != nil {
+			o = e.pc.run(e)
+		} else {
+			e.begin()
+			o = e.runStateless()
+		}
+		release()
 	}
 	res := &wire.Result{ID: e.id, StartedAt: e.startedAt, Artifacts: []string{}}
 	if e.startedAt.IsZero() { // it never left the context's queue
@@ -305,12 +322,13 @@ func (e *execution) runStateless() outcome {
 		return outcome{startErr: err}
 	}
 	rd := e.startReaders(p)
-	c, stop, err := z.startRun(e.ctx, e.req.ConversationID, []int{pfd, p.w[0], p.w[1], p.w[2]})
+	f := runFor{e.req.ConversationID, e.group}
+	c, stop, err := z.startRun(e.ctx, f, []int{pfd, p.w[0], p.w[1], p.w[2]})
 	// Nothing ran yet if the zygote died before it forked: try its
 	// successor rather than fail the run.
 	for try := 0; errors.Is(err, errZygoteDied) && try < 3; try++ {
 		if z, err = e.s.liveZygote(e.ctx); err == nil {
-			c, stop, err = z.startRun(e.ctx, e.req.ConversationID, []int{pfd, p.w[0], p.w[1], p.w[2]})
+			c, stop, err = z.startRun(e.ctx, f, []int{pfd, p.w[0], p.w[1], p.w[2]})
 		}
 	}
 	unix.Close(pfd)

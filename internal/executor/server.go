@@ -193,6 +193,10 @@ type Server struct {
 
 	ws *workspace.Local // the file routes' workspace, opened on first use
 
+	// The unprivileged mode's conversation views (podviews.go); nil in
+	// the other mode, whose workers make theirs with mounts.
+	views *podViews
+
 	// The unprivileged mode's sweeps of ended executions' processes
 	// (unprivileged.go): one at a time; sweepKick asks for one.
 	sweepMu   sync.Mutex
@@ -224,6 +228,9 @@ func New(cfg Config) (*Server, error) {
 		contexts:   map[contextKey]*pyContext{},
 		zygChanged: make(chan struct{}),
 		sweepKick:  make(chan struct{}, 1),
+	}
+	if cfg.Unprivileged {
+		s.views = newPodViews(cfg.Workspace)
 	}
 	if err := os.WriteFile(s.scriptPath, zygoteScript, 0o600); err != nil {
 		return nil, fmt.Errorf("executor: write zygote: %w", err)
@@ -496,7 +503,8 @@ func (s *Server) superviseZygote() {
 		Warm: s.cfg.WarmWorkers, Unprivileged: s.cfg.Unprivileged,
 	}
 	if s.cfg.Unprivileged {
-		// No mount namespace per worker, so no conversation views.
+		// No mount namespace per worker: the conversation views are
+		// the executor's (podviews.go).
 		cfg.ViewDir = ""
 	}
 	env := s.cfg.Env

@@ -247,7 +247,7 @@ func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
 		zcfg.Userns = "self"
 	}
 
-	if err := dropInheritable(); err != nil {
+	if err := dropInheritable(0); err != nil {
 		return 0, err
 	}
 	filter, err := seccomp.ZygoteFilter(selfUserns)
@@ -270,13 +270,14 @@ func shim(cfg shimConfig, status *os.File) (unix.WaitStatus, error) {
 
 // forkZygote starts python on script as the sandbox user with no groups,
 // handing it files. pdeathsig: the zygote dies with this thread.
-func forkZygote(python, script string, zcfg zygoteConfig, files []uintptr, pdeathsig bool) (int, error) {
+func forkZygote(python, script string, zcfg zygoteConfig, files []uintptr, pdeathsig bool, ambient ...uintptr) (int, error) {
 	cfgJSON, err := json.Marshal(zcfg)
 	if err != nil {
 		return 0, err
 	}
 	sys := &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: uint32(zcfg.UID), Gid: uint32(zcfg.GID), Groups: []uint32{}},
+		Credential:  &syscall.Credential{Uid: uint32(zcfg.UID), Gid: uint32(zcfg.GID), Groups: []uint32{}},
+		AmbientCaps: ambient,
 	}
 	if pdeathsig {
 		// This thread lives as long as the shim. (In N_z the holder's end
@@ -547,7 +548,7 @@ func coverControlDir(dir string, names []string) error {
 // dropInheritable empties this thread's bounding, inheritable and ambient
 // sets, which the zygote would inherit; setuid to the sandbox user in the
 // child clears the rest.
-func dropInheritable() error {
+func dropInheritable(keep uint64) error {
 	last := 63
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
@@ -555,6 +556,9 @@ func dropInheritable() error {
 		}
 	}
 	for c := 0; c <= last; c++ {
+		if keep&(1<<c) != 0 {
+			continue
+		}
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && !errors.Is(err, unix.EINVAL) {
 			return fmt.Errorf("PR_CAPBSET_DROP %d: %w", c, err)
 		}

@@ -24,11 +24,17 @@ import (
 // made there, so:
 //
 //   - the shim makes no mount namespace and no holder: it empties its
-//     bounding, inheritable and ambient sets (CAP_SETPCAP), installs the
-//     inner filter (seccomp.UnprivilegedInnerFilter, which carries sbx's
-//     outer allowlist, the node's profile being laxer) and forks python
-//     as uid/gid 1000 with no groups and no_new_privs. The zygote has no
-//     capability at all, from its first instruction to its end.
+//     bounding set but for CAP_SETGID, and its inheritable and ambient
+//     sets (CAP_SETPCAP), installs the inner filter
+//     (seccomp.UnprivilegedInnerFilter, which carries sbx's outer
+//     allowlist, the node's profile being laxer) and forks python as
+//     uid/gid 1000 with no groups, no_new_privs and CAP_SETGID alone. The
+//     zygote keeps that one permitted but never effective, out of the
+//     ambient and inheritable sets (worker.py's setgid_idle), for one use:
+//     a worker of a conversation takes that conversation's group at its
+//     drop (podviews.go), and then empties every set. A process that holds
+//     a capability is out of reach of the /proc files and ptrace of the
+//     uid-1000 processes beside it.
 //   - The control directory stays root's, mode 0700; the zygote gets its
 //     scripts and the filter as sealed memfds (read as /proc/self/fd/N),
 //     so that nothing of the control directory (the socket, the
@@ -81,7 +87,9 @@ func shimUnprivileged(cfg shimConfig, status *os.File) (unix.WaitStatus, error) 
 	if script == "" {
 		return 0, fmt.Errorf("the zygote script %s is not among the files to hand over", cfg.Script)
 	}
-	if err := dropInheritable(); err != nil {
+	// CAP_SETGID alone stays, for the zygote to hand each worker its
+	// conversation's group (podviews.go).
+	if err := dropInheritable(1 << unix.CAP_SETGID); err != nil {
 		return 0, fmt.Errorf("%w (the unprivileged mode needs CAP_SETPCAP to empty the bounding set)", err)
 	}
 	// The zygote needs no namespace: it gets the workers' filter, which
@@ -95,7 +103,7 @@ func shimUnprivileged(cfg shimConfig, status *os.File) (unix.WaitStatus, error) 
 	if err := seccomp.Install(filter); err != nil {
 		return 0, fmt.Errorf("zygote filter: %w", err)
 	}
-	pid, err := forkZygote(cfg.Python, script, zcfg, files, true)
+	pid, err := forkZygote(cfg.Python, script, zcfg, files, true, unix.CAP_SETGID)
 	if err != nil {
 		return 0, err
 	}

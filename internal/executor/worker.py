@@ -90,7 +90,7 @@ WORKER_WARM_UPS = {
 }
 
 
-def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
+def worker_main(kind, chan_fd, settle_fd=-1, conversation="", group=0):
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     # 0, 1 = /dev/null; 2 stays the executor's log until the run (a crash
@@ -116,7 +116,7 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
         # now, from the spawn request, and privileges dropped before its
         # first run.
         if not setup_error:
-            setup_error = enter_run(conversation)
+            setup_error = enter_run(conversation, group)
         if setup_error:
             send(chan, {"op": "error", "error": setup_error})
             os._exit(70)
@@ -138,7 +138,11 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
     payload_fd, out_fd, err_fd, res_fd = fds
     os.dup2(res_fd, RES_FD, inheritable=False)
     if not setup_error:
-        setup_error = enter_run(msg.get("conversation") or "")
+        group = msg.get("group") or 0
+        if not valid_group(group):
+            setup_error = "bad group %r" % (group,)
+        else:
+            setup_error = enter_run(msg.get("conversation") or "", group)
     if setup_error:
         write_result({"exit_code": 70, "error": executor_error(setup_error)})
         os._exit(70)
@@ -153,17 +157,31 @@ def worker_main(kind, chan_fd, settle_fd=-1, conversation=""):
     run_once(p)
 
 
-def enter_run(conversation, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR, owners=None):
+def valid_group(group):
+    """A conversation's group id, as the executor gives them (podviews.go),
+    or 0 for none."""
+    return type(group) is int and (group == 0 or 40000 <= group < 65000)
+
+
+def enter_run(conversation, group=0, plan=DROP_PLAN, workspace=WORKSPACE, stage=VIEW_DIR, owners=None):
     """The privileged last step before a run (or a context's life): the
     conversation's view of the uploads, then the final privilege drop.
+    In the unprivileged mode the view is the executor's (podviews.go): the
+    run keeps the conversation's group, which opens its uploads to it.
     Returns an error message, or None."""
+    groups = []
     if conversation:
         try:
-            conversation_view(conversation, workspace, stage, owners)
+            if UNPRIV:
+                if not group:
+                    raise ViewError("the executor gave the conversation no group")
+                groups = [group]
+            else:
+                conversation_view(conversation, workspace, stage, owners)
         except BaseException as e:
             return "conversation %s: %s" % (conversation, e)
     try:
-        drop_privileges(plan)
+        drop_privileges(plan, groups)
     except BaseException as e:
         return "cannot drop privileges: %s" % e
     return None
@@ -207,7 +225,7 @@ def rehearse_enter_run():
                 os.makedirs(ws + "/uploads/rehearsal/temparea", 0o755)
                 os.mkdir(stage, 0o700)
                 # Our own scratch tree: its owner is us, not root.
-                if enter_run("rehearsal", plan, ws, stage, {os.geteuid()}) is None:
+                if enter_run("rehearsal", 0, plan, ws, stage, {os.geteuid()}) is None:
                     return None
             except OSError:
                 pass
@@ -215,7 +233,7 @@ def rehearse_enter_run():
                 libc.umount2(VIEW_DIR.encode(), MNT_DETACH)
     # Without the view's part, if that failed here: it fails the same way
     # for a run of a conversation, which says why.
-    return enter_run("", plan)
+    return enter_run("", 0, plan)
 
 
 def pending(chan):
@@ -284,6 +302,39 @@ def read_payload(fd):
     return json.loads(b"".join(chunks))
 
 
+CAP_SETGID = 6
+
+
+def setgid_idle():
+    """The unprivileged mode's zygote, first thing: the shim hands it
+    CAP_SETGID (ambient, to survive the exec) for one use, the
+    conversation's group a worker takes at its drop (podviews.go). Keep
+    it permitted only: out of the effective set, so that nothing runs
+    with it, and of the inheritable and ambient ones, so that no exec
+    passes it on."""
+    if not UNPRIV:
+        return
+    buf = (ctypes.c_uint32 * 6)()
+    if _capget(_CAP_HDR, buf) != 0:
+        _fail("capget")
+    buf[0] = buf[3] = 0  # effective
+    buf[2] = buf[5] = 0  # inheritable (which empties the ambient set too)
+    if _capset(_CAP_HDR, buf) != 0:
+        _fail("capset")
+    if prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL) != 0 and ctypes.get_errno() != errno.EINVAL:
+        _fail("PR_CAP_AMBIENT_CLEAR_ALL")
+
+
+def raise_setgid():
+    """Make the kept CAP_SETGID effective, for setgroups at the drop."""
+    buf = (ctypes.c_uint32 * 6)()
+    if _capget(_CAP_HDR, buf) != 0:
+        _fail("capget")
+    buf[0] |= buf[1] & (1 << CAP_SETGID)
+    if _capset(_CAP_HDR, buf) != 0:
+        _fail("capset")
+
+
 def drop_inherited_caps():
     """In the zygote, once: empty the bounding and ambient sets, which every
     worker inherits. They only bound what an execve could gain; the zygote
@@ -291,10 +342,11 @@ def drop_inherited_caps():
     (if not, each worker drops them itself)."""
     try:
         if UNPRIV:
-            # Without a capability PR_CAPBSET_DROP fails; the shim emptied
-            # them (CAP_SETPCAP), and nothing can fill them again.
+            # Without CAP_SETPCAP PR_CAPBSET_DROP fails; the shim emptied
+            # them but for CAP_SETGID (setgid_idle), and nothing can fill
+            # them again.
             got = status_fields(("CapBnd", "CapAmb"))
-            return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "1"), 16) == 0
+            return int(got.get("CapBnd", "1"), 16) & ~(1 << CAP_SETGID) == 0 and int(got.get("CapAmb", "1"), 16) == 0
         drop_bounding_and_ambient()
         got = status_fields(("CapBnd", "CapAmb"))
         return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "0"), 16) == 0
@@ -474,8 +526,6 @@ def conversation_view(conv, workspace, stage, owners=None):
     if not _CONVERSATION_RE.fullmatch(conv) or ".." in conv:
         raise ViewError("not a valid conversation id")
     if not stage:
-        if UNPRIV:
-            raise ViewError("conversation views need a mount namespace per execution, which the executor's unprivileged mode (a Pod without CAP_SYS_ADMIN) does not have")
         raise ViewError("the executor configured no staging directory for views")
     uploads = workspace + "/uploads"
     fds = []
@@ -556,15 +606,18 @@ def isolate():
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def drop_privileges(plan):
+def drop_privileges(plan, groups=()):
     """The final drop (to DROP_PLAN), after the run message and before
-    anything of the run is read: uid/gid 1000, no groups, every capability
-    set empty, no_new_privs, the inner seccomp filter."""
+    anything of the run is read: uid/gid 1000, no groups but groups (a
+    conversation's, in the unprivileged mode), every capability set empty,
+    no_new_privs, the inner seccomp filter."""
     uid, gid, caps, fprog = plan
     # In the workers' user namespace setgroups is denied, and there are no
     # groups to clear (the shim started the zygote with none).
-    if os.getgroups():
-        os.setgroups([])
+    if groups or os.getgroups():
+        if UNPRIV:
+            raise_setgid()
+        os.setgroups(list(groups))
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     # setresuid away from 0 clears the permitted, effective and ambient
@@ -580,7 +633,7 @@ def drop_privileges(plan):
     # already gone, the executor kills the workers it knows of; one it never
     # heard of finds its channel closed and exits at its first read.)
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    check_dropped(uid, gid, caps)
+    check_dropped(uid, gid, caps, groups)
     if fprog:
         if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, fprog) != 0:
             _fail("PR_SET_SECCOMP")
@@ -603,7 +656,7 @@ def status_fields(keys):
     return out
 
 
-def check_dropped(uid, gid, caps):
+def check_dropped(uid, gid, caps, groups=()):
     """Check the drop with system calls, not /proc/self/status, which is
     on the run's path now and costs a hundred microseconds and more to
     read and parse. The bounding set was emptied and checked before (it
@@ -615,8 +668,8 @@ def check_dropped(uid, gid, caps):
         raise RuntimeError("uids are %s after dropping privileges" % (os.getresuid(),))
     if os.getresgid() != (gid, gid, gid):
         raise RuntimeError("gids are %s after dropping privileges" % (os.getresgid(),))
-    if os.getgroups():
-        raise RuntimeError("supplementary groups %s kept" % os.getgroups())
+    if sorted(os.getgroups()) != sorted(groups):
+        raise RuntimeError("supplementary groups are %s after dropping privileges, not %s" % (os.getgroups(), list(groups)))
     if _capget(_CAP_HDR, _CAP_GOT) != 0:
         _fail("capget")
     if _CAP_GOT[:] != caps[:]:

@@ -413,20 +413,16 @@ func (z *zygote) handle(m *zygoteMsg, fds []int) {
 	}
 }
 
-// spawn asks the zygote to fork a child of kind for conversation (or
-// none), handing it fds (which the caller still owns and must close).
-func (z *zygote) spawn(ctx context.Context, kind, conversation string, fds []int) (*child, error) {
+// spawn asks the zygote to fork a child of kind for f, handing it fds
+// (which the caller still owns and must close).
+func (z *zygote) spawn(ctx context.Context, kind string, f runFor, fds []int) (*child, error) {
 	ch := make(chan spawnReply, 1)
 	z.mu.Lock()
 	z.nextTag++
 	tag := z.nextTag
 	z.pending[tag] = ch
 	z.mu.Unlock()
-	m := map[string]any{"op": "spawn", "tag": tag, "kind": kind}
-	if conversation != "" {
-		m["conversation"] = conversation
-	}
-	msg, _ := json.Marshal(m)
+	msg, _ := json.Marshal(f.fields(map[string]any{"op": "spawn", "tag": tag, "kind": kind}))
 	if _, _, err := z.conn.WriteMsgUnix(msg, unix.UnixRights(fds...), nil); err != nil {
 		z.mu.Lock()
 		delete(z.pending, tag)

@@ -84,11 +84,14 @@ SETTLE_FD = 5  # in a pre-forked worker until it is set up: closing it tells the
 RUN_MSG = b'{"op":"run"}'
 
 
-def run_msg(conversation):
+def run_msg(conversation, group=0):
     """The run message a worker waits for (handoff.go's runMessage)."""
     if not conversation:
         return RUN_MSG
-    return json.dumps({"op": "run", "conversation": conversation}).encode()
+    m = {"op": "run", "conversation": conversation}
+    if group:
+        m["group"] = group
+    return json.dumps(m).encode()
 
 
 # While the pool is empty, a run that has gone on this long (seconds) no
@@ -285,7 +288,7 @@ class Zygote:
             self.idle.discard(pid)
             send(self.sock, {"op": "exit", "pid": pid, "status": status})
 
-    def fork_worker(self, kind, chan_fd=-1, settle_fd=-1, conversation=""):
+    def fork_worker(self, kind, chan_fd=-1, settle_fd=-1, conversation="", group=0):
         """Fork a worker; for a run worker, return (pid, our end of its channel)."""
         ours = None
         if chan_fd < 0:
@@ -313,7 +316,7 @@ class Zygote:
         if pid == 0:
             status = 70
             try:
-                worker_main(kind, chan_fd, settle_fd, conversation)
+                worker_main(kind, chan_fd, settle_fd, conversation, group)
             except SystemExit as e:
                 status = e.code if isinstance(e.code, int) else 70
             except BaseException:
@@ -331,15 +334,18 @@ class Zygote:
         """Fork a worker on demand: for a context, or a run no pre-forked worker took."""
         tag, kind = msg.get("tag"), msg.get("kind")
         conversation = msg.get("conversation") or ""
+        group = msg.get("group") or 0
         try:
             if not isinstance(conversation, str):
                 raise ValueError("bad conversation %r" % (conversation,))
+            if not valid_group(group):
+                raise ValueError("bad group %r" % (group,))
             if kind == "context" and len(fds) == 1:
-                pid, _ = self.fork_worker("context", fds[0], conversation=conversation)
+                pid, _ = self.fork_worker("context", fds[0], conversation=conversation, group=group)
             elif kind == "run" and len(fds) == 4:
                 pid, chan = self.fork_worker("run")
                 try:
-                    socket.send_fds(chan, [run_msg(conversation)], fds)
+                    socket.send_fds(chan, [run_msg(conversation, group)], fds)
                 finally:
                     chan.close()
                 self.running[pid] = time.monotonic()
@@ -365,6 +371,7 @@ def pidfd_of(pid):
 
 def main():
     sock = socket.socket(fileno=CTL_FD)
+    setgid_idle()  # before any template code runs
     preloaded, errors = [], {}
     # The runner's own modules first, then the template's list.
     # (asyncio and inspect, which only some runs need, are imported by those

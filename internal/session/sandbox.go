@@ -38,12 +38,17 @@ type Lease struct {
 // Where workspaces live with their sandboxes (workspace.Checkpointer: a
 // Pod's), it first saves the workspace as its checkpoint, so that what
 // the execution wrote outlives the sandbox before the execution is
-// reported done.
-func (l *Lease) Release() {
+// reported done. The error is the checkpoint's: ErrUnavailable if the
+// sandbox no longer holds the workspace (its Pod deleted while its
+// container still ran the execution, say), and then what the execution
+// wrote is lost with it.
+func (l *Lease) Release() error {
+	var err error
 	l.once.Do(func() {
-		l.m.checkpoint(l.e.key, l.sb.ID)
+		err = l.m.checkpoint(l.e.key, l.sb.ID)
 		l.release()
 	})
+	return err
 }
 
 // ReleaseUnchanged gives the lease back after an execution whose
@@ -69,17 +74,19 @@ const checkpointTimeout = 2 * time.Minute
 // (workspace.Checkpointer); a failure is
 // logged and told as an event: the files written since the last
 // checkpoint are then only in the sandbox.
-func (m *Manager) checkpoint(k key, sandbox string) {
+func (m *Manager) checkpoint(k key, sandbox string) error {
 	cp, ok := m.ws.(workspace.Checkpointer)
 	if !ok {
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
 	defer cancel()
-	if err := cp.Checkpoint(ctx, volume(k), sandbox); err != nil {
+	err := cp.Checkpoint(ctx, volume(k), sandbox)
+	if err != nil {
 		m.log.Error("checkpointing a workspace; what was written since the last checkpoint is only in its sandbox", "session", k.id, "err", err)
 		m.opt.Events("checkpoint_failed")
 	}
+	return err
 }
 
 // Lost reports whether the lease's sandbox has died (killed from outside,

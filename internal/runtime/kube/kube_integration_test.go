@@ -72,6 +72,7 @@ func TestKubernetes(t *testing.T) {
 		SharedProcesses: true,
 		SandboxWidePids: true,
 		ExecutorCaps:    1 << 5, // KILL
+		ZygoteCaps:      1 << 6, // SETGID
 		Reopen:          func(t *testing.T) runtime.Runtime { return newRuntime(t, c, signer) },
 		Image:           img,
 		NewVolume: func(t testing.TB) string {
@@ -119,19 +120,108 @@ func TestKubernetesFiles(t *testing.T) {
 		t.Cleanup(func() { ws.Close() })
 		client := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
 		t.Cleanup(func() { client.Close() })
+		in := func(ctx context.Context, cid, script string) (string, error) {
+			res, err := client.Run(ctx, wire.RunRequest{Language: wire.LanguageBash, Code: script, ConversationID: cid,
+				TimeoutMs: int64(time.Minute / time.Millisecond)}, nil)
+			if err != nil {
+				return "", err
+			}
+			out := res.Stdout + res.Stderr
+			if res.Status != wire.StatusCompleted {
+				return out, fmt.Errorf("%s: %v", res.Status, res.Error)
+			}
+			return out, nil
+		}
 		return workspacetest.Subject{
-			W: ws,
-			Sandbox: func(ctx context.Context, script string) (string, error) {
-				res, err := client.Run(ctx, wire.RunRequest{Language: wire.LanguageBash, Code: script, TimeoutMs: int64(time.Minute / time.Millisecond)}, nil)
-				if err != nil {
-					return "", err
-				}
-				out := res.Stdout + res.Stderr
-				if res.Status != wire.StatusCompleted {
-					return out, fmt.Errorf("%s: %v", res.Status, res.Error)
-				}
-				return out, nil
-			},
+			W:              ws,
+			Sandbox:        func(ctx context.Context, script string) (string, error) { return in(ctx, "", script) },
+			InConversation: in,
 		}
 	})
+}
+
+// TestKubernetesConversationViews: a real sandbox Pod's conversation views
+// (the executor's unprivileged mode, internal/executor/podviews.go): each
+// conversation reads its own uploads at uploads/temparea and nothing of
+// the others', before and after its Pod is replaced from the checkpoint.
+func TestKubernetesConversationViews(t *testing.T) {
+	c := kubetest.New(t)
+	img := kubetest.Image(t, "python")
+	rt := newRuntime(t, c, newSigner(t))
+	blobs, err := blobfs.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	volumes := rt.Volumes(snapshot.New(blobs, "snapshots", snapshot.Limits{}), 1<<30)
+	ctx := context.Background()
+	vol := workspace.SessionVolume("t", fmt.Sprintf("views-%d", os.Getpid()))
+	if err := volumes.Create(ctx, vol, 0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = volumes.Remove(ctx, vol) })
+	start := func(id string) *execclient.Client {
+		t.Helper()
+		if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: img, Volume: vol}); err != nil {
+			t.Fatalf("create: %v", err)
+		}
+		t.Cleanup(func() { _ = rt.Destroy(ctx, id) })
+		cl := execclient.NewClient(func(ctx context.Context) (net.Conn, error) { return rt.Dial(ctx, id) })
+		t.Cleanup(func() { cl.Close() })
+		return cl
+	}
+	// Each conversation's code prints its view and what it can reach of
+	// the other's.
+	const code = `import os
+own = open('/workspace/uploads/temparea/notes.txt').read()
+other = 'c2' if own == 'of c1' else 'c1'
+reach = []
+for p in ('/workspace/uploads/%s/temparea/notes.txt' % other, '/workspace/uploads/temparea/../../%s/temparea/notes.txt' % other):
+    try:
+        open(p).read()
+        reach.append(p)
+    except OSError:
+        pass
+print(own, reach)`
+	check := func(cl *execclient.Client, when string) {
+		t.Helper()
+		for _, conv := range []string{"c1", "c2", ""} {
+			res, err := cl.Run(ctx, wire.RunRequest{Language: wire.LanguagePython, Code: code, ConversationID: conv, TimeoutMs: 60_000}, nil)
+			if err != nil {
+				t.Fatalf("%s: run in %q: %v", when, conv, err)
+			}
+			want := fmt.Sprintf("of %s []\n", conv)
+			if conv == "" {
+				// No conversation: no uploads of any.
+				if res.Status == wire.StatusCompleted || res.Error == nil || res.Error.Type != "PermissionError" {
+					t.Errorf("%s: a run of no conversation: %s %+v %q", when, res.Status, res.Error, res.Stdout)
+				}
+				continue
+			}
+			if res.Status != wire.StatusCompleted || res.Stdout != want {
+				t.Errorf("%s: conversation %s: %s %+v stdout %q stderr %q", when, conv, res.Status, res.Error, res.Stdout, res.Stderr)
+			}
+		}
+	}
+	id1 := fmt.Sprintf("views-%d-a", os.Getpid())
+	cl := start(id1)
+	ws, err := volumes.OpenIn(ctx, vol, id1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, conv := range []string{"c1", "c2"} {
+		if _, err := ws.SaveUpload(ctx, conv, "notes.txt", strings.NewReader("of "+conv), 1<<20); err != nil {
+			t.Fatalf("upload to %s: %v", conv, err)
+		}
+	}
+	ws.Close()
+	check(cl, "first Pod")
+	if err := volumes.Checkpoint(ctx, vol, id1); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+	if err := rt.Destroy(ctx, id1); err != nil {
+		t.Fatal(err)
+	}
+	// A new Pod, from the checkpoint: its executor gives the
+	// conversations groups of its own.
+	check(start(fmt.Sprintf("views-%d-b", os.Getpid())), "second Pod")
 }

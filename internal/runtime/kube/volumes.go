@@ -383,8 +383,10 @@ func (v *Volumes) Wait() {}
 
 // Checkpoint saves the workspace of name as sandbox (the session's)
 // holds it as its checkpoint, from the last one this process saved where
-// files are unchanged. A sandbox that no longer holds it (gone meanwhile)
-// has nothing newer than the checkpoint: ErrUnavailable says so.
+// files are unchanged. A sandbox that no longer holds it (its Pod gone
+// meanwhile) is ErrUnavailable: what it wrote since the checkpoint is lost
+// with it, even if its container still runs for a moment after the Pod's
+// forced delete (the session then reports its execution lost).
 func (v *Volumes) Checkpoint(ctx context.Context, name, sandbox string) error {
 	defer v.serialise(name)()
 	info, err := v.in(ctx, name, sandbox)

@@ -132,6 +132,13 @@ type Harness struct {
 	// not KILL and DAC_READ_SEARCH (a Pod held to Pod Security's
 	// baseline, which has no DAC_READ_SEARCH, leaves KILL alone).
 	ExecutorCaps uint64
+	// ZygoteCaps are the capabilities the zygote (and its idle workers)
+	// hold permitted, never effective, in the sandbox's own namespace:
+	// a Pod's CAP_SETGID, for the conversations' groups
+	// (internal/executor/podviews.go). User code's bounding set keeps
+	// them too (emptying it takes CAP_SETPCAP), every other set empty.
+	// Zero: none outside the workers' user namespace.
+	ZygoteCaps uint64
 }
 
 var seq atomic.Int64

@@ -29,6 +29,11 @@ type Subject struct {
 	// the sandbox user (uid 1000 inside), as code in the sandbox would,
 	// and returns its combined output; an error if it exits non-zero.
 	Sandbox func(ctx context.Context, script string) (string, error)
+	// InConversation, where set, runs script as Sandbox does but for a run
+	// of conversation cid, and the suite expects what a Pod's executor
+	// gives (internal/executor/podviews.go): a conversation's uploads are
+	// read by its own code only. Where nil, by any code in the sandbox.
+	InConversation func(ctx context.Context, cid, script string) (string, error)
 }
 
 // Run runs the suite. fresh returns a new, empty workspace (as
@@ -383,8 +388,22 @@ func testUploads(t *testing.T, fresh func(*testing.T) Subject) {
 		t.Errorf("Stat(upload) = %+v, %v; want the sandbox root's", e, err)
 	}
 	// Code reads it and cannot change, replace or remove it.
-	if out := sandbox(t, s, "cat uploads/c1/temparea/docs/a.pdf"); out != "pdf" {
-		t.Errorf("the sandbox reads %q", out)
+	if s.InConversation == nil {
+		if out := sandbox(t, s, "cat uploads/c1/temparea/docs/a.pdf"); out != "pdf" {
+			t.Errorf("the sandbox reads %q", out)
+		}
+	} else {
+		for _, p := range []string{"uploads/c1/temparea/docs/a.pdf", "uploads/temparea/docs/a.pdf"} {
+			if out, err := s.InConversation(ctx, "c1", "cat "+p); err != nil || out != "pdf" {
+				t.Errorf("code of conversation c1 reads %s: %q, %v", p, out, err)
+			}
+			if out, err := s.InConversation(ctx, "c2", "cat "+p); err == nil {
+				t.Errorf("code of conversation c2 read %s: %q", p, out)
+			}
+			if out, err := s.Sandbox(ctx, "cat "+p); err == nil {
+				t.Errorf("code of no conversation read %s: %q", p, out)
+			}
+		}
 	}
 	for _, script := range []string{
 		"echo x > uploads/c1/temparea/docs/a.pdf",
