@@ -12,7 +12,8 @@ package main
 //	(s) cold create -> first result, no pool.
 //	(t) execution round trip, print(1) with ?wait=true, paced.
 //	(u) upload 50 MB, and download it, through the executor.
-//	(v) hibernate and restore a 100 MB workspace.
+//	(v) hibernate and restore a 100 MB workspace, without a warm pool
+//	    (the restore starts a Pod) and with one (it claims one).
 //	(w) 100 sessions (-kube-sessions) created and run at once.
 //
 // The cluster is SBX_KUBECONFIG's, else the test cluster of
@@ -94,13 +95,14 @@ func benchKube(ctx context.Context, add func(row)) {
 
 	runc, pods := pair("pool", func(c *app.Config) { c.Pools = map[string]int{"python": kubePool} })
 	benchKubePool(ctx, cl, runc, pods, add)
+	benchKubeLifecycle(ctx, runc, pods, add, " (warm pool)")
 	stopPair(runc, pods)
 
 	runc, pods = pair("plain")
 	defer stopPair(runc, pods)
 	benchKubeCold(ctx, runc, pods, add)
 	benchKubeRoundTrip(ctx, cl, runc, pods, add)
-	benchKubeLifecycle(ctx, runc, pods, add)
+	benchKubeLifecycle(ctx, runc, pods, add, "")
 	benchKubeConcurrent(ctx, runc, pods, add)
 }
 
@@ -409,7 +411,7 @@ func benchKubeRoundTrip(ctx context.Context, cl *benchCluster, runc, pods *contr
 // workspace (as (k) does: one 50 MB file and fifty of 1 MB, random) and
 // restores it, three times; then hibernates it once more and runs code,
 // which restores it into a new sandbox.
-func benchKubeLifecycle(ctx context.Context, runc, pods *controlPlane, add func(row)) {
+func benchKubeLifecycle(ctx context.Context, runc, pods *controlPlane, add func(row), label string) {
 	const fill = `
 import os
 os.makedirs("/workspace/data", exist_ok=True)
@@ -454,13 +456,13 @@ for i in range(50):
 	})
 	both(runc, pods, &[2]samples{}, func(cp *controlPlane) time.Duration { deleteAll(ctx, cp, []string{"life"}); return 0 })
 	rf, pf := sorted(first)
-	sideBySide(add, "(v) HTTP hibernate a 100 MB workspace, first time", "", rf, pf)
+	sideBySide(add, "(v) HTTP hibernate a 100 MB workspace, first time"+label, "", rf, pf)
 	rh, ph := sorted(hib)
-	sideBySide(add, "    HTTP hibernate again, content unchanged", "", rh, ph)
+	sideBySide(add, "    HTTP hibernate again, content unchanged"+label, "", rh, ph)
 	rr, pr := sorted(restore)
-	sideBySide(add, "    HTTP restore it (file call; 3 times)", "< 1 s", rr, pr)
+	sideBySide(add, "    HTTP restore it (file call; 3 times)"+label, "< 1 s", rr, pr)
 	re, pe := sorted(exec)
-	sideBySide(add, "    execute on the hibernated session (restore + new sandbox)", "", re, pe)
+	sideBySide(add, "    execute on the hibernated session (restore + new sandbox)"+label, "", re, pe)
 }
 
 // benchKubeConcurrent (w) creates -kube-sessions sessions and runs one
