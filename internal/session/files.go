@@ -78,7 +78,7 @@ func (m *Manager) OpenFiles(ctx context.Context, tenant, id string) (*FileCall, 
 		end := fc.end
 		fc.end = func() { end(); lease.release() }
 		fc.Workspace = checkpointing{Workspace: fc.Workspace, save: func(ctx context.Context) error {
-			return cp.Checkpoint(ctx, volume(k), sandbox)
+			return m.checkpointed(ctx, k, func() error { return cp.Checkpoint(ctx, volume(k), sandbox) })
 		}}
 		return fc, nil
 	}

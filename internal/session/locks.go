@@ -16,14 +16,15 @@ import (
 type locker struct {
 	store   store.Store
 	replica string // "" for a process alone with its store
+	kind    string // what the lock serialises: its leases' prefix
 	log     *slog.Logger
 
 	mu    sync.Mutex
 	locks map[key]*keyLock
 }
 
-func newLocker(st store.Store, replica string, log *slog.Logger) *locker {
-	return &locker{store: st, replica: replica, log: log, locks: map[key]*keyLock{}}
+func newLocker(st store.Store, replica, kind string, log *slog.Logger) *locker {
+	return &locker{store: st, replica: replica, kind: kind, log: log, locks: map[key]*keyLock{}}
 }
 
 // keyLock serializes the lifecycle changes of one session.
@@ -91,9 +92,12 @@ const (
 	sessionLeaseRenew = 3 * time.Second
 )
 
-// leaseName is the name of a session's lease. Lease names are global;
-// the tenant's length keeps any tenant name from reaching another's.
-func leaseName(k key) string { return fmt.Sprintf("session/%d/%s/%s", len(k.tenant), k.tenant, k.id) }
+// leaseName is the name of a session's lease of kind. Lease names are
+// global; the tenant's length keeps any tenant name from reaching
+// another's.
+func leaseName(kind string, k key) string {
+	return fmt.Sprintf("%s/%d/%s/%s", kind, len(k.tenant), k.tenant, k.id)
+}
 
 // heldLease is a session's lease while this process holds it. The zero
 // value, for a process alone with its store, holds nothing.
@@ -111,7 +115,7 @@ func (lk *locker) lease(ctx context.Context, k key, wait bool) (*heldLease, erro
 	if lk.replica == "" {
 		return &heldLease{}, nil
 	}
-	name := leaseName(k)
+	name := leaseName(lk.kind, k)
 	delay := time.Millisecond
 	for {
 		_, held, err := lk.store.TryLease(ctx, name, lk.replica, sessionLeaseTTL)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -69,7 +70,7 @@ func TestReplicaLockIsExclusive(t *testing.T) {
 	unlock()
 	<-got
 	<-released // b let go too
-	if holder, live, err := a.opt.Store.LeaseHolder(ctx, leaseName(k)); err != nil || live {
+	if holder, live, err := a.opt.Store.LeaseHolder(ctx, leaseName("session", k)); err != nil || live {
 		t.Fatalf("the lease is still held after both let go: %q %v %v", holder, live, err)
 	}
 	// A cancelled wait says why.
@@ -319,5 +320,54 @@ func TestReplicaHibernateWaitsForFileCall(t *testing.T) {
 	f.Close()
 	if names, err := a.opt.Store.LiveLeases(ctx, filesLeasePrefix(key{"t", "s"})); err != nil || len(names) != 0 {
 		t.Fatalf("file leases with no call open: %q, %v", names, err)
+	}
+}
+
+// Checkpoints of one session through two replicas take turns: an export
+// taken while another replica's checkpoint is being written would be
+// written after it, older over newer, without the checkpoint lock.
+func TestReplicaCheckpointsTakeTurns(t *testing.T) {
+	a, b := twoReplicas(t, runtimetest.NewFake())
+	ctx := context.Background()
+	k := key{"t", "s"}
+	var mu sync.Mutex
+	workspace, checkpoint := 1, 0 // versions
+	inA, bIn := make(chan struct{}), make(chan struct{})
+	aDone := make(chan error, 1)
+	go func() {
+		aDone <- a.checkpointed(ctx, k, func() error {
+			mu.Lock()
+			exported := workspace
+			mu.Unlock()
+			close(inA)
+			// b's checkpoint gets in here, unless it waits for ours.
+			select {
+			case <-bIn:
+			case <-time.After(300 * time.Millisecond):
+			}
+			mu.Lock()
+			checkpoint = exported
+			mu.Unlock()
+			return nil
+		})
+	}()
+	<-inA
+	mu.Lock()
+	workspace = 2 // an execution through b changed the workspace
+	mu.Unlock()
+	if err := b.checkpointed(ctx, k, func() error {
+		close(bIn)
+		mu.Lock()
+		checkpoint = workspace
+		mu.Unlock()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	if checkpoint != 2 {
+		t.Fatalf("the checkpoint is version %d of the workspace, after version 2 was checkpointed", checkpoint)
 	}
 }

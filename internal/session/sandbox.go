@@ -81,7 +81,7 @@ func (m *Manager) checkpoint(k key, sandbox string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), checkpointTimeout)
 	defer cancel()
-	err := cp.Checkpoint(ctx, volume(k), sandbox)
+	err := m.checkpointed(ctx, k, func() error { return cp.Checkpoint(ctx, volume(k), sandbox) })
 	if err != nil {
 		m.log.Error("checkpointing a workspace; what was written since the last checkpoint is only in its sandbox", "session", k.id, "err", err)
 		m.opt.Events("checkpoint_failed")
@@ -609,9 +609,31 @@ func (m *Manager) saveWorkspace(ctx context.Context, k key, sb *sandbox.Sandbox,
 	if !ok {
 		return m.ws.Save(ctx, volume(k), key, prev)
 	}
-	id := ""
-	if sb != nil {
-		id = sb.ID
+	if sb == nil {
+		return cp.SaveFrom(ctx, volume(k), "", key, prev)
 	}
-	return cp.SaveFrom(ctx, volume(k), id, key, prev)
+	// A save from the sandbox is the checkpoint too.
+	var mf *snapshot.Manifest
+	var st snapshot.Stats
+	err := m.checkpointed(ctx, k, func() (err error) {
+		mf, st, err = cp.SaveFrom(ctx, volume(k), sb.ID, key, prev)
+		return err
+	})
+	return mf, st, err
+}
+
+// checkpointed runs save, which writes the session's checkpoint from its
+// sandbox, under the session's checkpoint lock: between replicas one at a
+// time, so that each export sees every change completed before it began
+// and the last checkpoint written is the newest. Without it two replicas
+// ending executions at once could write their exports in the other order,
+// the older last, and a Pod lost then would come back without the newer
+// files. (Within a process the workspace store orders them as well.)
+func (m *Manager) checkpointed(ctx context.Context, k key, save func() error) error {
+	unlock, err := m.checkpoints.lock(ctx, k)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return save()
 }

@@ -161,8 +161,10 @@ type Manager struct {
 	wg   sync.WaitGroup
 
 	locks *locker
-	sbx   *sandbox.Service
-	ws    workspace.Store
+	// checkpoints serialises a session's checkpoints across replicas.
+	checkpoints *locker
+	sbx         *sandbox.Service
+	ws          workspace.Store
 
 	mu       sync.Mutex
 	entries  map[key]*entry
@@ -248,7 +250,9 @@ func New(opt Options) *Manager {
 	ctx, stop := context.WithCancel(context.Background())
 	m := &Manager{
 		opt: opt, log: opt.Log, ctx: ctx, stop: stop, entries: map[key]*entry{},
-		locks: newLocker(opt.Store, opt.Replica, opt.Log),
+		locks: newLocker(opt.Store, opt.Replica, "session", opt.Log),
+		// (checkpoints: sandbox.go)
+		checkpoints: newLocker(opt.Store, opt.Replica, "checkpoint", opt.Log),
 	}
 	// Options are read when used: tests change them after New.
 	m.admission = &admission{opt: &m.opt, live: m.usage}
