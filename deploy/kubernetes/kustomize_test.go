@@ -202,6 +202,16 @@ func checkCommon(t *testing.T, objs []object) {
 	}
 	probe("readiness", c.ReadinessProbe, "/readyz")
 	probe("liveness", c.LivenessProbe, "/healthz")
+	// A replica deleted keeps serving until kube-proxy no longer sends it
+	// new connections, then drains (sbx's shutdown waits up to 10 s for
+	// the requests under way), all within the grace period.
+	const drain = 10
+	switch grace := d.Spec.Template.Spec.TerminationGracePeriodSeconds; {
+	case c.Lifecycle == nil || c.Lifecycle.PreStop == nil || c.Lifecycle.PreStop.Sleep == nil || c.Lifecycle.PreStop.Sleep.Seconds < 3:
+		t.Errorf("Deployment sbx: lifecycle %+v, want a preStop sleep of 3 s or more, so that a replica deleted leaves the Service before it stops listening", c.Lifecycle)
+	case grace == nil || *grace < c.Lifecycle.PreStop.Sleep.Seconds+drain:
+		t.Errorf("Deployment sbx: terminationGracePeriodSeconds %v, want the preStop sleep and %d s of drain", ptrString64(grace), drain)
+	}
 	for _, want := range []string{"serve", "--addr=0.0.0.0:7070", "--runtime=kubernetes", "--sandbox-namespace=" + sandboxNS, "--prebuild="} {
 		if !slices.Contains(c.Args, want) {
 			t.Errorf("Deployment sbx: args %q lack %q", c.Args, want)
@@ -409,6 +419,13 @@ func TestImagesAreProvided(t *testing.T) {
 			t.Errorf("scripts/kube-images.sh does not build %s", img)
 		}
 	}
+}
+
+func ptrString64(p *int64) string {
+	if p == nil {
+		return "unset"
+	}
+	return strconv.FormatInt(*p, 10)
 }
 
 func ptrString(p *int32) string {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -129,6 +130,24 @@ type Server struct {
 func New(t testing.TB, replies ...Reply) *Server {
 	s := &Server{t: t, script: replies, gone: make(chan struct{}), arrived: make(chan struct{})}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// NewOn is New listening on addr (HOST:PORT) instead of loopback: for a
+// server that is not on this host's loopback, such as sbx in a Pod of
+// the test cluster, which reaches the host at the Pods' gateway.
+func NewOn(t testing.TB, addr string, replies ...Reply) *Server {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("chattest: listen on %s: %v", addr, err)
+	}
+	s := &Server{t: t, script: replies, gone: make(chan struct{}), arrived: make(chan struct{})}
+	s.Server = httptest.NewUnstartedServer(http.HandlerFunc(s.serve))
+	s.Server.Listener.Close()
+	s.Server.Listener = ln
+	s.Server.Start()
 	t.Cleanup(s.Close)
 	return s
 }

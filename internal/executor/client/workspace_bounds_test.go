@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
 	"github.com/sbx-sandbox/sbx/internal/workspace"
 )
@@ -164,6 +165,16 @@ func TestWorkspaceBoundsWhatTheExecutorSends(t *testing.T) {
 			_, err = f.Read(make([]byte, 5))
 			return err
 		}, `when "bytes 5-9/10" was asked for`, 0},
+		{"a range for the whole file", func(*atomic.Int64) http.HandlerFunc {
+			return func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set(wire.FilesEntryHeader, entryHeader(fileEntry("f", 10)))
+				w.Header().Set("Content-Range", "bytes 0-9/10")
+				w.WriteHeader(http.StatusPartialContent)
+				io.WriteString(w, "0123456789")
+			}
+		}, func(ctx context.Context, w *Workspace) error {
+			return readAll(ctx, w, "f", 0)
+		}, "when the whole file was asked for", 0},
 		{"a save that did not save what was sent", func(*atomic.Int64) http.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request) {
 				io.Copy(io.Discard, r.Body)
@@ -260,4 +271,56 @@ func readAll(ctx context.Context, w *Workspace, rel string, max int) error {
 		return fmt.Errorf("%d bytes handed on, more than %d (%v)", len(b), max, err)
 	}
 	return err
+}
+
+// TestWorkspaceFileReadAgain: a file read from its start again (as
+// http.ServeContent does after sniffing its type) asks for the range 0-
+// of the file it opened; an executor that answers with the whole of
+// another file (the sandbox replaced it meanwhile) fails the read, and
+// nothing of the other file is handed on.
+func TestWorkspaceFileReadAgain(t *testing.T) {
+	for _, replaced := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replaced=%v", replaced), func(t *testing.T) {
+			c, _ := fakeExecutor(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set(wire.FilesEntryHeader, entryHeader(fileEntry("f", 10)))
+				if r.Header.Get("Range") == "" {
+					w.Header().Set("ETag", `"first"`)
+					io.WriteString(w, "0123456789")
+					return
+				}
+				if r.Header.Get("Range") != "bytes=0-" || r.Header.Get("If-Range") != `"first"` {
+					t.Errorf("Range %q, If-Range %q; want bytes=0- of \"first\"", r.Header.Get("Range"), r.Header.Get("If-Range"))
+				}
+				if replaced {
+					w.Header().Set("ETag", `"second"`)
+					io.WriteString(w, "abcdefghij")
+					return
+				}
+				w.Header().Set("Content-Range", "bytes 0-9/10")
+				w.WriteHeader(http.StatusPartialContent)
+				io.WriteString(w, "0123456789")
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			f, err := NewWorkspace(c, 0).Open(ctx, "f")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			head := make([]byte, 4)
+			if _, err := io.ReadFull(f, head); err != nil || string(head) != "0123" {
+				t.Fatalf("first read: %q, %v", head, err)
+			}
+			if _, err := f.Seek(0, io.SeekStart); err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(f)
+			switch {
+			case replaced && (!errors.Is(err, errdefs.ErrFailedPrecondition) || len(b) > 0):
+				t.Errorf("read again of a replaced file: %q, %v; want nothing and ErrFailedPrecondition", b, err)
+			case !replaced && (err != nil || string(b) != "0123456789"):
+				t.Errorf("read again: %q, %v; want the file", b, err)
+			}
+		})
+	}
 }

@@ -38,7 +38,7 @@ func (w *Workspace) Open(ctx context.Context, rel string) (workspace.File, error
 		resp.Body.Close()
 		return nil, err
 	}
-	if err := f.attach(resp, 0); err != nil {
+	if err := f.attach(resp, 0, false); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -79,10 +79,12 @@ func (f *remoteFile) describe(resp *http.Response) error {
 }
 
 // attach makes resp, an answer starting at off, the body to read from,
-// after checking that it is the answer asked for: the whole file for a
-// 200 at 0, the range off- of the same file for a 206, never a length
-// other than the rest of the file.
-func (f *remoteFile) attach(resp *http.Response, off int64) error {
+// after checking that it is the answer asked for: the whole file (200)
+// for the first request; for a later one, which asks for the range off-
+// with If-Range, that range of the same file (206), at 0 too (a reader
+// that sniffed the start, as http.ServeContent does, reads it again);
+// never a length other than the rest of the file.
+func (f *remoteFile) attach(resp *http.Response, off int64, ranged bool) error {
 	size := f.info.Size
 	fail := func(err error) error {
 		resp.Body.Close()
@@ -90,13 +92,17 @@ func (f *remoteFile) attach(resp *http.Response, off int64) error {
 	}
 	switch resp.StatusCode {
 	case http.StatusOK:
-		if off != 0 {
+		if ranged {
+			// If-Range did not match: the whole of another file.
 			return fail(fmt.Errorf("file %.200q: changed since it was opened: %w", f.rel, errdefs.ErrFailedPrecondition))
 		}
 	case http.StatusPartialContent:
 		want := fmt.Sprintf("bytes %d-%d/%d", off, size-1, size)
-		if off == 0 || resp.Header.Get("Content-Range") != want {
-			return fail(bad(wire.FilesContent, "a range %.80q when %q was asked for", resp.Header.Get("Content-Range"), want))
+		switch got := resp.Header.Get("Content-Range"); {
+		case !ranged:
+			return fail(bad(wire.FilesContent, "a range %.80q when the whole file was asked for", got))
+		case got != want:
+			return fail(bad(wire.FilesContent, "a range %.80q when %q was asked for", got, want))
 		}
 	default:
 		return fail(bad(wire.FilesContent, "status %d for a download", resp.StatusCode))
@@ -159,7 +165,7 @@ func (f *remoteFile) request() error {
 	if err != nil {
 		return err
 	}
-	return f.attach(resp, f.pos)
+	return f.attach(resp, f.pos, true)
 }
 
 func (f *remoteFile) Seek(offset int64, whence int) (int64, error) {

@@ -175,7 +175,9 @@ func testRanges(t *testing.T, fresh func(*testing.T) Subject) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	for _, at := range []int64{0, 5, 99_990, 12_345, 3} {
+	// Back to the start last: http.ServeContent reads a file's start to
+	// sniff its type, then reads it again from there.
+	for _, at := range []int64{0, 5, 99_990, 12_345, 3, 0} {
 		if n, err := f.Seek(at, io.SeekStart); err != nil || n != at {
 			t.Fatalf("Seek(%d) = %d, %v", at, n, err)
 		}
