@@ -111,7 +111,9 @@ func startPodSandbox(t *testing.T) *podSandbox {
 		Process: &specs.Process{
 			Args: []string{"/opt/sbx/sbx-executor", "--unprivileged", "--socket", "/run/sbx/executor.sock",
 				"--workspace", "/workspace", "--log-level", "debug"},
-			Env:             []string{"PATH=/usr/local/bin:/usr/bin:/bin", "POD_SECRET=executor-only"},
+			Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "POD_SECRET=executor-only",
+				// What the kubelet adds to every container.
+				"KUBERNETES_SERVICE_HOST=10.0.0.1", "KUBERNETES_SERVICE_PORT=443", "KUBERNETES_PORT=tcp://10.0.0.1:443"},
 			Cwd:             "/",
 			User:            specs.User{UID: 0, GID: 0},
 			Capabilities:    &specs.LinuxCapabilities{Bounding: podCaps, Effective: podCaps, Permitted: podCaps},
@@ -432,6 +434,10 @@ libc.syscall.restype = ctypes.c_long
 r = libc.syscall(56, 0x00008000 | 17, 0, 0, 0, 0)
 if r == 0: os._exit(0)
 print('cloned' if r > 0 else 'ok')`,
+		// Where the cluster's API server is: the kubelet's variables do
+		// not reach user code.
+		"kubernetes-env": `import os
+print(' '.join(k for k in os.environ if k.startswith('KUBERNETES_')) or 'ok')`,
 		"rootfs": `try:
     open('/usr/bin/sbx-planted', 'w'); print('wrote')
 except OSError: print('ok')`,

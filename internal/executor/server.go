@@ -72,7 +72,8 @@ type Config struct {
 	// on a host only; production never sets it.
 	AllowNoSeccomp bool
 	// Env is the environment of the executor's helpers (the zygote) and the
-	// base of every execution's. Default os.Environ(). It must hold nothing
+	// base of every execution's. Default os.Environ() without what the
+	// kubelet adds to every container (hostEnv). It must hold nothing
 	// a tenant chose: the zygote runs as the sandbox's root (LD_PRELOAD
 	// there would run the tenant's code with the executor's capabilities).
 	Env []string
@@ -133,7 +134,7 @@ func (c *Config) setDefaults() error {
 		c.Bash = "/bin/bash"
 	}
 	if c.Env == nil {
-		c.Env = os.Environ()
+		c.Env = hostEnv(os.Environ())
 	}
 	if c.CgroupRoot == "" {
 		c.CgroupRoot = "/sys/fs/cgroup"
@@ -165,6 +166,21 @@ func (c *Config) setDefaults() error {
 		}
 	}
 	return nil
+}
+
+// hostEnv is env without the variables the kubelet puts in every
+// container, whatever the Pod says (enableServiceLinks: false keeps the
+// other Services' out, not the API server's): KUBERNETES_SERVICE_HOST and
+// its kin tell sandboxed code where the cluster's API server is. The
+// NetworkPolicy keeps it from reaching it; this keeps it from being told.
+func hostEnv(env []string) []string {
+	out := make([]string, 0, len(env))
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, "KUBERNETES_") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // Server is the executor daemon.
