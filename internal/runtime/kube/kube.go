@@ -9,8 +9,9 @@
 // (internal/executor/token).
 //
 // What a Pod cannot do, the runtime does not claim: it is no Pauser (a
-// Pod cannot be frozen; idle sessions hibernate instead), no StatsReader
-// yet, and its sandboxes are not host processes.
+// Pod cannot be frozen; idle sessions hibernate instead) and its
+// sandboxes are not host processes. It is a StatsReader through the
+// executor (stats.go).
 package kube
 
 import (
@@ -90,6 +91,9 @@ type Config struct {
 	// StartTimeout bounds how long Create waits for a Pod to run and its
 	// executor to answer. Default 2 minutes (an image pull may be slow).
 	StartTimeout time.Duration
+	// StatsTimeout bounds each talk of Stats with an executor or the API
+	// server. Default DefaultStatsTimeout.
+	StatsTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -116,8 +120,9 @@ type Runtime struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	addrs   map[string]string // sandbox id -> pod IP:port, as last seen
-	volumes *Volumes          // the workspace store over this runtime's Pods, once made
+	addrs   map[string]string      // sandbox id -> pod IP:port, as last seen
+	stats   map[string]*statsEntry // sandbox id -> what Stats keeps of it (stats.go)
+	volumes *Volumes               // the workspace store over this runtime's Pods, once made
 
 	// The warm pools' watch (pool.go), started by the first pool call.
 	poolOnce  sync.Once
@@ -126,7 +131,10 @@ type Runtime struct {
 	reserved  map[string]bool // pod name -> a claim of this process holds it
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.StatsReader = (*Runtime)(nil)
+)
 
 // New returns a runtime with cfg.
 func New(cfg Config) (*Runtime, error) {
@@ -151,17 +159,22 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
 	}
+	if cfg.StatsTimeout == 0 {
+		cfg.StatsTimeout = DefaultStatsTimeout
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}, reserved: map[string]bool{}}, nil
+	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}, stats: map[string]*statsEntry{}, reserved: map[string]bool{}}, nil
 }
 
-// Capabilities: a Pod cannot be frozen, its usage is not read cheaply
-// yet, and its processes are not the caller's host's; its warm pools are
-// every replica's (pool.go).
-func (r *Runtime) Capabilities() runtime.Capabilities { return runtime.Capabilities{Pools: true} }
+// Capabilities: a Pod cannot be frozen and its processes are not the
+// caller's host's; its usage is its executor's to tell (stats.go), and
+// its warm pools are every replica's (pool.go).
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Stats: true, Pools: true}
+}
 
 func (r *Runtime) pods() podClient { return r.cfg.Client.CoreV1().Pods(r.cfg.Namespace) }
 
@@ -401,6 +414,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 
 func (r *Runtime) remove(ctx context.Context, id, name string) error {
 	r.forget(id)
+	r.mu.Lock()
+	delete(r.stats, id)
+	r.mu.Unlock()
 	grace := int64(0)
 	bg := metav1.DeletePropagationBackground
 	err := r.pods().Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace, PropagationPolicy: &bg})
@@ -440,10 +456,19 @@ func (r *Runtime) waitGone(ctx context.Context, name string) error {
 	}
 }
 
+// forget drops what this process keeps of sandbox id's Pod: its address
+// and its stats connection (not the figures Stats keeps of it).
 func (r *Runtime) forget(id string) {
 	r.mu.Lock()
 	delete(r.addrs, id)
+	var c *execclient.Client
+	if e := r.stats[id]; e != nil {
+		c, e.client = e.client, nil
+	}
 	r.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
 }
 
 // Inspect reports one sandbox, as the API server has it now.
