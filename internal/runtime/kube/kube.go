@@ -19,8 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -68,9 +72,13 @@ type Config struct {
 	Signer *token.Signer
 	// Port is the executor's TCP port in the Pod. Default 7071.
 	Port int
-	// RuntimeClass, when set, runs sandboxes under that RuntimeClass
-	// (e.g. gVisor's runsc).
-	RuntimeClass string
+	// RuntimeClasses maps a template's runtime (runtime.Spec.Runtime:
+	// runc, crun or runsc) to the RuntimeClass its sandbox Pods run under,
+	// e.g. runsc to a class of gVisor. A template of runc (the default)
+	// without one runs under the cluster's default; one of another
+	// runtime without one does not start (RuntimeClass): it asked for an
+	// isolation the cluster was not said to give, and runc is not it.
+	RuntimeClasses map[string]string
 	// UserNamespaces gives each Pod a user namespace of its own
 	// (hostUsers: false). It needs containerd 2 and runc 1.2 or later on
 	// the nodes; the test cluster (Debian's containerd 1.6) has neither.
@@ -106,12 +114,49 @@ func (c *Config) hostUsers() *bool {
 	return &f
 }
 
-func (c *Config) runtimeClass() *string {
-	if c.RuntimeClass == "" {
-		return nil
+// RuntimeClass is the RuntimeClass the sandboxes of a template of
+// runtime name run under ("" for the cluster's default).
+// ErrFailedPrecondition: name is not runc and no class is mapped for it.
+func (r *Runtime) RuntimeClass(name string) (string, error) {
+	if name == "" {
+		name = "runc"
 	}
-	s := c.RuntimeClass
-	return &s
+	if !slices.Contains(templateRuntimes, name) {
+		return "", fmt.Errorf("template runtime %s: want one of %s: %w", quote(name), strings.Join(templateRuntimes, ", "), errdefs.ErrInvalidArgument)
+	}
+	class, ok := r.cfg.RuntimeClasses[name]
+	if !ok && name != "runc" {
+		return "", fmt.Errorf("template runtime %s: no RuntimeClass runs it on this cluster (sbx serve --runtime-class %s=CLASS): %w", name, name, errdefs.ErrFailedPrecondition)
+	}
+	return class, nil
+}
+
+// runtimeClass is RuntimeClass as a Pod's runtimeClassName.
+func (r *Runtime) runtimeClass(name string) (*string, error) {
+	class, err := r.RuntimeClass(name)
+	if err != nil || class == "" {
+		return nil, err
+	}
+	return &class, nil
+}
+
+// templateRuntimes are the runtimes a template may declare
+// (template.Spec.Runtime).
+var templateRuntimes = []string{"runc", "crun", "runsc"}
+
+// CheckRuntimeClasses refuses a mapping from something no template
+// declares, or to something that cannot name a RuntimeClass
+// (Config.RuntimeClasses).
+func CheckRuntimeClasses(m map[string]string) error {
+	for name, class := range m {
+		if !slices.Contains(templateRuntimes, name) {
+			return fmt.Errorf("runtime class for %s: a template's runtime is one of %s: %w", quote(name), strings.Join(templateRuntimes, ", "), errdefs.ErrInvalidArgument)
+		}
+		if errs := validation.IsDNS1123Subdomain(class); len(errs) > 0 {
+			return fmt.Errorf("runtime class %s for %s: not a RuntimeClass name: %s: %w", quote(class), name, strings.Join(errs, "; "), errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 // Runtime runs sandboxes as Pods.
@@ -141,6 +186,10 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Client == nil || cfg.Signer == nil {
 		return nil, fmt.Errorf("kubernetes runtime: a client and a signer are required: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := CheckRuntimeClasses(cfg.RuntimeClasses); err != nil {
+		return nil, fmt.Errorf("kubernetes runtime: %w", err)
+	}
+	cfg.RuntimeClasses = maps.Clone(cfg.RuntimeClasses)
 	if cfg.Namespace == "" {
 		cfg.Namespace = "sbx-sandboxes"
 	}
