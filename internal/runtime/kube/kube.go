@@ -81,7 +81,9 @@ type Config struct {
 	RuntimeClasses map[string]string
 	// UserNamespaces gives each Pod a user namespace of its own
 	// (hostUsers: false). It needs containerd 2 and runc 1.2 or later on
-	// the nodes; the test cluster (Debian's containerd 1.6) has neither.
+	// the nodes; the test cluster (Debian's containerd 1.6) has neither,
+	// and a node without them refuses the Pod, which fails its Create at
+	// once (refusal.go).
 	UserNamespaces bool
 	// RequestMilliCPU and RequestMemoryMB are what a sandbox asks the
 	// scheduler for, capped by its limits: a sandbox mostly idles, so
@@ -168,6 +170,8 @@ type Runtime struct {
 	addrs   map[string]string      // sandbox id -> pod IP:port, as last seen
 	stats   map[string]*statsEntry // sandbox id -> what Stats keeps of it (stats.go)
 	volumes *Volumes               // the workspace store over this runtime's Pods, once made
+
+	warnEvents sync.Once // watchSandboxRefusal's warning
 
 	// The warm pools' watch (pool.go), started by the first pool call.
 	poolOnce  sync.Once
@@ -279,6 +283,11 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, pool *poolMeta)
 	if apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
+	if apierrors.IsForbidden(err) && pod.Spec.RuntimeClassName != nil && strings.Contains(err.Error(), "RuntimeClass") {
+		// The RuntimeClass admission plugin: the class mapped for the
+		// template's runtime is not in the cluster. No retry mends that.
+		return nil, fmt.Errorf("sandbox %s: RuntimeClass %s: %w: %w", spec.ID, *pod.Spec.RuntimeClassName, errdefs.ErrFailedPrecondition, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: create pod: %w", spec.ID, apiErr(err))
 	}
@@ -319,7 +328,12 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, pool *poolMeta)
 }
 
 // waitRunning watches pod until it runs with an IP, fails, or ctx ends.
+// A Pod whose sandbox the node refuses to make for good (sandboxRefusal)
+// fails at once rather than at the end of ctx.
 func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	refused := r.watchSandboxRefusal(ctx, pod)
 	sel := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
 	rv := pod.ResourceVersion
 	for {
@@ -330,7 +344,21 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 			}
 			return nil, fmt.Errorf("watch pod %s: %w", pod.Name, apiErr(err))
 		}
-		for ev := range w.ResultChan() {
+		results := w.ResultChan()
+		for open := true; open; {
+			var ev watch.Event
+			select {
+			case err := <-refused:
+				w.Stop()
+				return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+			case <-ctx.Done():
+				w.Stop()
+				return nil, fmt.Errorf("pod %s did not start in time: %w", pod.Name, errdefs.ErrUnavailable)
+			case ev, open = <-results:
+			}
+			if !open {
+				break
+			}
 			switch ev.Type {
 			case watch.Deleted:
 				w.Stop()
