@@ -89,12 +89,14 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		kubeconfig = fs.String("kubeconfig", "", "with --runtime kubernetes: the cluster's kubeconfig `file` (default: the cluster sbx runs in)")
 		sandboxNS  = fs.String("sandbox-namespace", "sbx-sandboxes", "with --runtime kubernetes: the `namespace` of sandbox Pods and of the executors' signing key")
 		registry   = fs.String("registry", "", "with --runtime kubernetes: the registry `HOST[/PREFIX]` Pods pull template images from (sbx image push); default: images provided on the nodes")
-		runtimeCls = fs.String("runtime-class", "", "with --runtime kubernetes: the RuntimeClass of sandbox Pods (gVisor, say)")
+		userNS     = fs.Bool("user-namespaces", false, "with --runtime kubernetes: give every sandbox Pod a user namespace of its own (hostUsers: false); needs nodes with containerd 2 and runc 1.2 or later, where a Pod asking for one fails to start otherwise (docs/kubernetes.md)")
 		hookPriv   = fs.Bool("webhook-allow-private", false, "let webhooks reach loopback, private, link-local and reserved addresses (refused by default: a tenant could make the server call its own ports, its database or a cloud metadata service)")
 		keySpecs   multiFlag
 		poolSpecs  multiFlag
 		tenantLim  multiFlag
+		classSpecs multiFlag
 	)
+	fs.Var(&classSpecs, "runtime-class", "with --runtime kubernetes: the RuntimeClass sandbox Pods run under, per template runtime, as `RUNTIME=CLASS,...` (runsc=gvisor; repeatable); a bare CLASS is runc's, every template's that names no other runtime; a template of runsc or crun with no class does not start")
 	fs.Var(&tenantLim, "tenant-limit", "one tenant's limits as `TENANT:NAME=VALUE,...`, over --limits (repeatable)")
 	fs.Var(&poolSpecs, "pool", "warm pool as `TEMPLATE=SIZE`: sandboxes kept started for new sessions (repeatable); with --runtime kubernetes the size is the deployment's, shared by every replica and filled by the leader")
 	fs.Var(&keySpecs, "api-key", "API key as `KEY[:TENANT]` (repeatable; tenant default \"default\")")
@@ -226,7 +228,10 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	switch *rtName {
 	case "runc":
 	case "kubernetes":
-		kubernetes = &app.Kubernetes{Kubeconfig: *kubeconfig, Namespace: *sandboxNS, Registry: *registry, RuntimeClass: *runtimeCls}
+		if kubernetes, err = kubernetesConfig(*kubeconfig, *sandboxNS, *registry, classSpecs, *userNS); err != nil {
+			fmt.Fprintf(stderr, "sbx serve: %v\n", err)
+			return 2
+		}
 	default:
 		fmt.Fprintf(stderr, "sbx serve: --runtime %q: want runc or kubernetes\n", *rtName)
 		return 2
@@ -324,4 +329,15 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// kubernetesConfig is what the flags say of the cluster, with --runtime
+// kubernetes.
+func kubernetesConfig(kubeconfig, namespace, registry string, classSpecs []string, userNamespaces bool) (*app.Kubernetes, error) {
+	classes, err := app.ParseRuntimeClasses(classSpecs)
+	if err != nil {
+		return nil, err
+	}
+	return &app.Kubernetes{Kubeconfig: kubeconfig, Namespace: namespace, Registry: registry,
+		RuntimeClasses: classes, UserNamespaces: userNamespaces}, nil
 }

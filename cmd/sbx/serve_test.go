@@ -79,3 +79,18 @@ func TestLLMModelsFlag(t *testing.T) {
 		t.Errorf("no list (the default alone): %+v %v", cfg, err)
 	}
 }
+
+// --runtime-class and --user-namespaces reach the Kubernetes settings; a
+// class sbx cannot use stops the server before it starts (exit 2).
+func TestKubernetesFlags(t *testing.T) {
+	k, err := kubernetesConfig("kc", "ns", "reg", []string{"runsc=gvisor", "kata"}, true)
+	if err != nil || k.RuntimeClasses["runsc"] != "gvisor" || k.RuntimeClasses["runc"] != "kata" || !k.UserNamespaces ||
+		k.Kubeconfig != "kc" || k.Namespace != "ns" || k.Registry != "reg" {
+		t.Errorf("kubernetes settings: %+v, %v", k, err)
+	}
+	var out bytes.Buffer
+	code := serve(context.Background(), []string{"--runtime", "kubernetes", "--runtime-class", "runsc=gVisor!"}, &out, &out)
+	if code != 2 || !strings.Contains(out.String(), "RuntimeClass") {
+		t.Errorf("a bad runtime class: exit %d: %s", code, out.String())
+	}
+}

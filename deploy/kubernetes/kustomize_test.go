@@ -281,7 +281,7 @@ func checkCommon(t *testing.T, objs []object) {
 
 func checkRole(t *testing.T, r rbacv1.Role) {
 	allowed := map[string]map[string][]string{ // namespace -> resource -> verbs
-		sandboxNS: {"pods": {"get", "list", "watch", "create", "delete", "patch"}},
+		sandboxNS: {"pods": {"get", "list", "watch", "create", "delete", "patch"}, "events": {"list", "watch"}},
 		controlNS: {"secrets": {"get", "create"}},
 	}[r.Namespace]
 	for _, rule := range r.Rules {

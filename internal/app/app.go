@@ -23,7 +23,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sbx-sandbox/sbx/api"
-	"github.com/sbx-sandbox/sbx/errdefs"
 	"github.com/sbx-sandbox/sbx/internal/chat"
 	"github.com/sbx-sandbox/sbx/internal/events"
 	"github.com/sbx-sandbox/sbx/internal/execution"
@@ -333,9 +332,13 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			st.Close()
 			return nil, err
 		}
+		// One runtime runs every template's Pods, under the RuntimeClass
+		// mapped for the template's runtime (runtime.Spec.Runtime); a
+		// template of a runtime with none is refused here, before anything
+		// is made for it.
 		newRuntime = func(name string) (runtime.Runtime, error) {
-			if name != "" && name != "runc" {
-				return nil, fmt.Errorf("runtime %q: sandboxes run as Pods here; a template's runtime other than runc is not supported on Kubernetes yet: %w", name, errdefs.ErrInvalidArgument)
+			if _, err := pods.RuntimeClass(name); err != nil {
+				return nil, err
 			}
 			return pods, nil
 		}

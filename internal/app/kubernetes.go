@@ -5,7 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/sbx-sandbox/sbx/errdefs"
+	"github.com/sbx-sandbox/sbx/internal/executor/token"
 	"github.com/sbx-sandbox/sbx/internal/image"
 	"github.com/sbx-sandbox/sbx/internal/runtime/kube"
 	"github.com/sbx-sandbox/sbx/internal/runtime/oci"
@@ -26,8 +31,44 @@ type Kubernetes struct {
 	// Registry prefixes template images (kube.Config.Registry); empty:
 	// images provided on the nodes.
 	Registry string
-	// RuntimeClass runs every sandbox Pod under it (gVisor, say).
-	RuntimeClass string
+	// RuntimeClasses maps a template's runtime (runc, crun, runsc) to the
+	// RuntimeClass its sandbox Pods run under (kube.Config.RuntimeClasses;
+	// ParseRuntimeClasses reads --runtime-class).
+	RuntimeClasses map[string]string
+	// UserNamespaces gives every sandbox Pod a user namespace of its own
+	// (hostUsers: false; kube.Config.UserNamespaces).
+	UserNamespaces bool
+}
+
+// ParseRuntimeClasses reads --runtime-class values: each a comma-separated
+// list of RUNTIME=CLASS (a template's runtime, runc, crun or runsc, and
+// the RuntimeClass its Pods run under) or a bare CLASS, which is
+// runc=CLASS: the class of every template that names no other runtime,
+// as the flag's single-class form always was. A runtime given twice, or
+// a name kube.CheckRuntimeClasses refuses, is ErrInvalidArgument.
+func ParseRuntimeClasses(values []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, v := range values {
+		for _, item := range strings.Split(v, ",") {
+			item = strings.TrimSpace(item)
+			if item == "" {
+				continue
+			}
+			name, class, ok := strings.Cut(item, "=")
+			if !ok {
+				name, class = "runc", item
+			}
+			name, class = strings.TrimSpace(name), strings.TrimSpace(class)
+			if _, dup := out[name]; dup {
+				return nil, fmt.Errorf("--runtime-class: %.64q is given twice: %w", name, errdefs.ErrInvalidArgument)
+			}
+			out[name] = class
+		}
+	}
+	if err := kube.CheckRuntimeClasses(out); err != nil {
+		return nil, fmt.Errorf("--runtime-class: %w", err)
+	}
+	return out, nil
 }
 
 // openKubernetes connects to the cluster and makes the Pod runtime.
@@ -60,8 +101,14 @@ func openKubernetes(ctx context.Context, k Kubernetes, executor string, log *slo
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: the executors' signing key: %w", err)
 	}
-	return kube.New(kube.Config{
-		Client: client, Namespace: k.Namespace, Registry: k.Registry, RuntimeClass: k.RuntimeClass,
+	return kube.New(k.runtimeConfig(client, signer, suffix, log))
+}
+
+// runtimeConfig is the Pod runtime's configuration of k.
+func (k Kubernetes) runtimeConfig(client kubernetes.Interface, signer *token.Signer, suffix string, log *slog.Logger) kube.Config {
+	return kube.Config{
+		Client: client, Namespace: k.Namespace, Registry: k.Registry,
+		RuntimeClasses: k.RuntimeClasses, UserNamespaces: k.UserNamespaces,
 		ImageSuffix: suffix, Signer: signer, Logger: log,
-	})
+	}
 }

@@ -89,6 +89,7 @@ func (r *cgroupReader) read() wire.Stats {
 		s.MemoryUsageBytes = r.uint("memory", "memory.current")
 		s.MemoryPeakBytes = r.uint("memory", "memory.peak")
 		s.MemoryLimitBytes = r.uint("memory", "memory.max")
+		s.MemoryCacheBytes = r.keyed("memory", "memory.stat", "file")
 		s.CPUUsageNs = r.keyed("cpu", "cpu.stat", "usage_usec") * 1000
 		s.PidsCurrent = r.uint("pids", "pids.current")
 		s.PidsLimit = r.uint("pids", "pids.max")
@@ -98,6 +99,8 @@ func (r *cgroupReader) read() wire.Stats {
 	s.MemoryUsageBytes = r.uint("memory", "memory.usage_in_bytes")
 	s.MemoryPeakBytes = r.uint("memory", "memory.max_usage_in_bytes")
 	s.MemoryLimitBytes = r.memoryLimit()
+	// total_: the cgroup's and any below it, as the usage counts them.
+	s.MemoryCacheBytes = r.keyed("memory", "memory.stat", "total_cache")
 	s.CPUUsageNs = r.uint("cpuacct", "cpuacct.usage")
 	s.PidsCurrent = r.uint("pids", "pids.current")
 	s.PidsLimit = r.uint("pids", "pids.max")

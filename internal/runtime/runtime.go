@@ -205,6 +205,13 @@ type Spec struct {
 	// (template.ImageRef: sbx/NAME:BUILDHASH). Its root filesystem is
 	// mounted read-only.
 	Image string
+	// Runtime is the template's OCI runtime (template.Spec.Runtime: runc,
+	// crun or runsc; "" is runc). A runtime made for one of them (oci: the
+	// control plane asks for one per name, sandbox.Config.Runtime) has
+	// nothing to choose; one that runs them all (kube) runs the sandbox
+	// under what it maps the name to, and refuses a name it maps to
+	// nothing rather than run it under another.
+	Runtime string
 	// Volume names the workspace volume mounted read-write at /workspace
 	// (workspace.SessionVolume, workspace.PoolVolume). The runtime makes
 	// its files owned by the sandbox user, except for entries owned by the

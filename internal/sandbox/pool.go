@@ -157,7 +157,7 @@ func (s *Service) startPooled(ctx context.Context, name string) (*Pooled, error)
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(cctx, runtime.Spec{
-		ID: id, Image: tmpl.Image(), Volume: vol, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
+		ID: id, Image: tmpl.Image(), Runtime: tmpl.Spec.Runtime, Volume: vol, Env: maps.Clone(tmpl.Spec.Env), Preload: tmpl.Spec.Preload,
 		Resources: tmpl.Spec.Resources, Labels: s.labels(map[string]string{LabelPool: name, LabelTemplate: name}),
 	})
 	if err != nil {

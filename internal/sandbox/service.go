@@ -287,7 +287,7 @@ func (s *Service) Create(ctx context.Context, req Request) (*Sandbox, string, er
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.StartTimeout)
 	defer cancel()
 	_, err = rt.Create(ctx, runtime.Spec{
-		ID: id, Image: tmpl.Image(), Volume: workspace.SessionVolume(req.Tenant, req.Session),
+		ID: id, Image: tmpl.Image(), Runtime: spec.Runtime, Volume: workspace.SessionVolume(req.Tenant, req.Session),
 		Env: env, Preload: tmpl.Spec.Preload, Resources: res,
 		Labels: s.labels(map[string]string{LabelTenant: req.Tenant, LabelSession: req.Session, LabelTemplate: req.Template}),
 	})

@@ -3,8 +3,10 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -164,5 +166,65 @@ func TestSweep(t *testing.T) {
 	})
 	if asked != 1 {
 		t.Errorf("records read with no candidate: %d", asked)
+	}
+}
+
+// recordingRuntime creates nothing and notes every spec it was asked to
+// create.
+type recordingRuntime struct {
+	*runtimetest.Fake
+	mu    sync.Mutex
+	specs []runtime.Spec
+}
+
+func (r *recordingRuntime) Create(ctx context.Context, spec runtime.Spec) (*runtime.Info, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.specs = append(r.specs, spec)
+	return nil, fmt.Errorf("recorded: %w", errdefs.ErrUnavailable)
+}
+
+// A sandbox's spec names its template's runtime, for a runtime that runs
+// every kind (Kubernetes: a RuntimeClass per template runtime) to pick
+// the right one rather than run a gVisor template under runc: a session's
+// sandbox and a warm pool's alike.
+func TestSpecCarriesTheTemplatesRuntime(t *testing.T) {
+	rt := &recordingRuntime{Fake: runtimetest.NewFake()}
+	dir := t.TempDir()
+	templates := template.NewStore(filepath.Join(dir, "templates"))
+	spec, _ := template.Builtin("python")
+	spec.Runtime = "runsc"
+	runtimetest.SeedBuild(t, templates, spec)
+	var asked []string
+	s := New(Config{
+		Templates: templates,
+		Resolve:   func(context.Context, string, string) (template.Spec, error) { return spec, nil },
+		Runtime: func(name string) (runtime.Runtime, error) {
+			asked = append(asked, name)
+			return rt, nil
+		},
+		Workspaces: workspace.NewDirs(workspace.DirsConfig{Root: filepath.Join(dir, "workspaces")}),
+		Instance:   "inst", Replica: "me",
+	})
+	t.Cleanup(s.Close)
+	ctx := context.Background()
+	if _, _, err := s.Create(ctx, Request{Tenant: "t", Session: "s", Template: "python"}); err == nil {
+		t.Fatal("create: the recording runtime created a sandbox")
+	}
+	if _, err := s.startPooled(ctx, "python"); err == nil {
+		t.Fatal("pooled start: the recording runtime created a sandbox")
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if len(rt.specs) != 2 {
+		t.Fatalf("%d creates, want 2", len(rt.specs))
+	}
+	for i, got := range rt.specs {
+		if got.Runtime != "runsc" {
+			t.Errorf("create %d: spec's runtime %q, want the template's, runsc", i, got.Runtime)
+		}
+	}
+	if !slices.Equal(asked, []string{"runsc"}) {
+		t.Errorf("runtimes asked for: %q, want runsc once", asked)
 	}
 }

@@ -196,7 +196,7 @@ func (s *Service) startSharedSandbox(p *pool, build string) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.StartTimeout)
 	defer cancel()
 	err = p.shared.StartPooled(ctx, p.template, build, runtime.Spec{
-		ID: id, Image: tmpl.Image(), Volume: vol, Env: maps.Clone(spec.Env), Preload: spec.Preload,
+		ID: id, Image: tmpl.Image(), Runtime: spec.Runtime, Volume: vol, Env: maps.Clone(spec.Env), Preload: spec.Preload,
 		Resources: spec.Resources, Labels: s.labels(map[string]string{LabelPool: p.template, LabelTemplate: p.template}),
 	})
 	if err != nil {

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -99,6 +100,8 @@ type Sampler struct {
 	// gone is the CPU time, per tenant, of the sandboxes no longer held,
 	// so that a tenant's total never goes back when one goes.
 	gone map[string]uint64
+	// failed are the sandboxes whose reading failed in the last pass.
+	failed map[string]bool
 }
 
 type key struct{ tenant, session string }
@@ -154,45 +157,97 @@ func (s *Sampler) Close() {
 // reports how many sandboxes it read.
 func (s *Sampler) Pass(ctx context.Context) int { return s.pass(ctx) }
 
+// readers bounds the sandboxes a pass reads at once. A reading may be a
+// network call (a Pod's executor: internal/runtime/kube), and one whose
+// sandbox does not answer takes its runtime's timeout: read one after
+// another, a few such would leave no time for the rest.
+const readers = 8
+
+// readShare is the share of a pass one reading may take: the runtime's
+// own bound comes first (kube: a second), this one holds for any runtime,
+// so that a pass has time for readers*readShare stalled readings before
+// the others.
+const readShare = 5
+
 // pass reads every sandbox held, and forgets the sessions whose sandbox
 // is no longer held or gone from its runtime. It reports how many it read.
+// Sandboxes whose last reading failed are read last, so that those of a
+// tenant whose code starves its executors cannot take the pass's time
+// from the others; a sandbox the pass had no time left for keeps what it
+// had.
 func (s *Sampler) pass(ctx context.Context) int {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Interval)
 	defer cancel()
 	start := time.Now()
 	held := s.cfg.Held()
-	seen := make(map[key]bool, len(held))
-	read := 0
-	for _, t := range held {
-		if ctx.Err() != nil {
-			break
+	s.mu.Lock()
+	slices.SortStableFunc(held, func(a, b session.SandboxRef) int {
+		switch fa, fb := s.failed[a.ID], s.failed[b.ID]; {
+		case fa == fb:
+			return 0
+		case fb:
+			return -1
 		}
+		return 1
+	})
+	s.mu.Unlock()
+	var (
+		mu     sync.Mutex // guards seen, failed and read
+		seen   = make(map[key]bool, len(held))
+		failed = map[string]bool{}
+		read   int
+		wg     sync.WaitGroup
+		slots  = make(chan struct{}, readers)
+	)
+	for _, t := range held {
 		if !Live(t.Runtime) {
 			continue // nothing to sample
 		}
 		k := key{t.Tenant, t.Session}
-		smp, err := s.measure(ctx, t)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			continue // destroyed since Held: forgotten below
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
 		}
-		seen[k] = true // a reading that failed keeps what there was
-		if err != nil {
-			s.log.Debug("usage: reading a sandbox", "session", t.Session, "sandbox", t.ID, "err", err)
+		if ctx.Err() != nil {
+			mu.Lock()
+			seen[k] = true // no time left: it keeps what it has
+			mu.Unlock()
 			continue
 		}
-		read++
-		s.mu.Lock()
-		s.record(k, t.ID, smp)
-		s.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, cancel := context.WithTimeout(ctx, s.cfg.Interval/readShare)
+			smp, err := s.measure(rctx, t)
+			cancel()
+			<-slots
+			mu.Lock()
+			defer mu.Unlock()
+			if errors.Is(err, errdefs.ErrNotFound) {
+				return // destroyed since Held: forgotten below
+			}
+			seen[k] = true // a reading that failed keeps what there was
+			if err != nil {
+				failed[t.ID] = true
+				s.log.Debug("usage: reading a sandbox", "session", t.Session, "sandbox", t.ID, "err", err)
+				return
+			}
+			read++
+			s.mu.Lock()
+			s.record(k, t.ID, smp)
+			s.mu.Unlock()
+		}()
 	}
+	wg.Wait()
 	s.mu.Lock()
+	s.failed = failed
 	for k, r := range s.rings {
 		if !seen[k] {
 			s.retire(k, r)
 		}
 	}
 	s.mu.Unlock()
-	s.log.Debug("usage: sampled the sandboxes", "sandboxes", len(held), "read", read, "took", time.Since(start))
+	s.log.Debug("usage: sampled the sandboxes", "sandboxes", len(held), "read", read, "failed", len(failed), "took", time.Since(start))
 	return read
 }
 

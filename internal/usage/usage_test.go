@@ -3,6 +3,7 @@ package usage
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -307,5 +308,94 @@ func TestNoStatsNoFigures(t *testing.T) {
 	}
 	if n := f.rt.Calls("Stats"); n != 0 {
 		t.Errorf("the runtime that reads no stats was asked for them %d times", n)
+	}
+}
+
+// stallingRuntime is a runtime whose Stats of the sandboxes in stall
+// answers only when the caller gives up: Pods whose executors a tenant's
+// code starved, or a Pod gone without a word. It notes the most time a
+// caller gave one of them.
+type stallingRuntime struct {
+	*runtimetest.Fake
+	mu    sync.Mutex
+	stall map[string]bool
+	most  time.Duration
+}
+
+func (r *stallingRuntime) Stats(ctx context.Context, id string) (*runtime.Stats, error) {
+	r.mu.Lock()
+	stall := r.stall[id]
+	if d, ok := ctx.Deadline(); stall && ok {
+		r.most = max(r.most, time.Until(d))
+	}
+	r.mu.Unlock()
+	if stall {
+		<-ctx.Done()
+		return nil, fmt.Errorf("stats of %s: %w: %w", id, errdefs.ErrUnavailable, ctx.Err())
+	}
+	return r.Fake.Stats(ctx, id)
+}
+
+// TestSlowSandboxesDoNotStallThePass: sandboxes whose readings stall
+// until their caller gives up (one tenant's dozen) cost nobody their
+// samples: a pass gives each reading a fifth of its time at most, reads
+// eight at once, the stalled ones and any it had no time left for keep
+// what they had, and the next pass reads the others first.
+func TestSlowSandboxesDoNotStallThePass(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.cfg.Interval = time.Second
+	rt := &stallingRuntime{Fake: f.rt, stall: map[string]bool{}}
+	var refs []session.SandboxRef
+	for i := range 12 {
+		refs = append(refs, session.SandboxRef{Tenant: "bad", Session: fmt.Sprintf("b%d", i), ID: fmt.Sprintf("sbx-b%d", i), Runtime: rt})
+	}
+	for i := range 3 {
+		refs = append(refs, session.SandboxRef{Tenant: "good", Session: fmt.Sprintf("g%d", i), ID: fmt.Sprintf("sbx-g%d", i), Runtime: rt})
+	}
+	for _, ref := range refs {
+		rt.Add(ref.ID)
+		rt.SetStats(ref.ID, runtime.Stats{CPUNanos: 1, Limits: runtime.Resources{CPU: 1, MemoryMB: 512, PIDs: 256}})
+	}
+	f.mu.Lock()
+	f.held = refs
+	f.mu.Unlock()
+	ctx := context.Background()
+	if n := f.Pass(ctx); n != len(refs) {
+		t.Fatalf("the first pass read %d sandboxes, want %d", n, len(refs))
+	}
+	rt.mu.Lock()
+	for _, ref := range refs[:12] {
+		rt.stall[ref.ID] = true
+	}
+	rt.mu.Unlock()
+	for pass := range 2 {
+		f.mu.Lock()
+		f.clock = f.clock.Add(5 * time.Second)
+		f.mu.Unlock()
+		n := f.Pass(ctx)
+		// The first pass after the stall began may run out of time before
+		// it reaches the others; the next reads them first.
+		if pass > 0 && n != 3 {
+			t.Errorf("pass %d with 12 stalling sandboxes read %d, want the 3 others", pass, n)
+		}
+		for _, tn := range []struct {
+			name string
+			want int
+		}{{"good", 3}, {"bad", 12}} {
+			if got := f.tenant(tn.name).Sandboxes; got != tn.want {
+				t.Errorf("pass %d: tenant %s has %d sandboxes sampled, want %d: a reading that failed or never came keeps what there was", pass, tn.name, got, tn.want)
+			}
+		}
+	}
+	for _, ref := range refs[12:] {
+		if h := f.History(ref.Tenant, ref.Session, ref.ID, time.Time{}); len(h) == 0 {
+			t.Errorf("%s has no samples", ref.Session)
+		}
+	}
+	rt.mu.Lock()
+	most := rt.most
+	rt.mu.Unlock()
+	if most > f.cfg.Interval/readShare {
+		t.Errorf("a stalled reading was given %v, more than a fifth of the pass (%v)", most, f.cfg.Interval/readShare)
 	}
 }

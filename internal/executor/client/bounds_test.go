@@ -148,3 +148,26 @@ func TestClientBoundsWhatTheExecutorSends(t *testing.T) {
 		}
 	})
 }
+
+// TestClientBoundsStats: the control plane reads every sandbox's stats
+// every few seconds; an answer larger than a dozen numbers can be fails
+// the call at its bound (64 KiB), well before the 1 MiB of the other
+// small answers, and an honest one of any size up to it passes.
+func TestClientBoundsStats(t *testing.T) {
+	for _, tc := range []struct {
+		pad  int
+		fail bool
+	}{{200 << 10, true}, {maxStatsResponse - 200, false}} {
+		c, _ := fakeExecutor(t, func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintf(w, `{"memory_usage_bytes":5,"padding":"%s"}`, strings.Repeat("p", tc.pad))
+		})
+		st, err := c.Stats(context.Background())
+		if tc.fail {
+			if !errors.Is(err, ErrBadResponse) || !strings.Contains(err.Error(), fmt.Sprint(maxStatsResponse)) {
+				t.Errorf("stats of %d bytes: %+v, %v; want ErrBadResponse at %d bytes", tc.pad, st, err, maxStatsResponse)
+			}
+		} else if err != nil || st.MemoryUsageBytes != 5 {
+			t.Errorf("stats of %d bytes: %+v, %v", tc.pad, st, err)
+		}
+	}
+}

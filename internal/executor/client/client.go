@@ -41,9 +41,12 @@ const clientBase = "http://sbx-executor"
 // bound fixed by the request, and a response that breaks the bounds fails
 // the call with ErrBadResponse.
 const (
-	// maxSmallResponse bounds the bodies of /health, /stats, /cancel, the
-	// deletes and every error response.
+	// maxSmallResponse bounds the bodies of /health, /cancel, the deletes
+	// and every error response.
 	maxSmallResponse = 1 << 20
+	// maxStatsResponse bounds the body of /stats: a dozen numbers, which
+	// the control plane reads of every sandbox every few seconds.
+	maxStatsResponse = 64 << 10
 	// maxMarkerBytes is room for the truncation marker line the executor
 	// ends cut output with (output.go), and the newline before it.
 	maxMarkerBytes = 128
@@ -193,7 +196,12 @@ func (c *Client) do(ctx context.Context, method, path string, in any) (*http.Res
 	return resp, nil
 }
 
-func (c *Client) call(ctx context.Context, method, path string, in, out any) (err error) {
+func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
+	return c.callLimit(ctx, method, path, in, out, maxSmallResponse)
+}
+
+// callLimit is call with a response body of at most limit bytes.
+func (c *Client) callLimit(ctx context.Context, method, path string, in, out any, limit int64) (err error) {
 	ctx, span := startSpan(ctx, method, path)
 	defer func() { endSpan(span, nil, err) }()
 	resp, err := c.do(ctx, method, path, in)
@@ -201,7 +209,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) (er
 		return err
 	}
 	defer resp.Body.Close()
-	body := &boundedReader{r: resp.Body, n: maxSmallResponse, what: "the response to " + method + " " + path}
+	body := &boundedReader{r: resp.Body, n: limit, max: limit, what: "the response to " + method + " " + path}
 	if out == nil {
 		if _, err := io.Copy(io.Discard, body); err != nil {
 			return fmt.Errorf("executor %s %s: %w", method, path, err)
@@ -412,7 +420,7 @@ func (c *Client) Cancel(ctx context.Context, id string) (bool, error) {
 // Stats reads the sandbox's resource usage.
 func (c *Client) Stats(ctx context.Context) (*wire.Stats, error) {
 	var st wire.Stats
-	if err := c.call(ctx, http.MethodGet, "/stats", nil, &st); err != nil {
+	if err := c.callLimit(ctx, http.MethodGet, "/stats", nil, &st, maxStatsResponse); err != nil {
 		return nil, err
 	}
 	return &st, nil

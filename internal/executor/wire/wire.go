@@ -159,10 +159,13 @@ type Health struct {
 // Stats is the body of GET /stats: the sandbox's cgroup counters. A value
 // the cgroup does not expose is 0; a limit of 0 means unlimited.
 type Stats struct {
-	CgroupVersion     int    `json:"cgroup_version"`
-	MemoryUsageBytes  uint64 `json:"memory_usage_bytes"`
-	MemoryPeakBytes   uint64 `json:"memory_peak_bytes"`
-	MemoryLimitBytes  uint64 `json:"memory_limit_bytes"`
+	CgroupVersion    int    `json:"cgroup_version"`
+	MemoryUsageBytes uint64 `json:"memory_usage_bytes"`
+	MemoryPeakBytes  uint64 `json:"memory_peak_bytes"`
+	MemoryLimitBytes uint64 `json:"memory_limit_bytes"`
+	// MemoryCacheBytes is the page cache part of MemoryUsageBytes, which
+	// the kernel reclaims before it kills anything.
+	MemoryCacheBytes  uint64 `json:"memory_cache_bytes"`
 	CPUUsageNs        uint64 `json:"cpu_usage_ns"`
 	PidsCurrent       uint64 `json:"pids_current"`
 	PidsLimit         uint64 `json:"pids_limit"`

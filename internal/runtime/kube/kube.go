@@ -9,8 +9,9 @@
 // (internal/executor/token).
 //
 // What a Pod cannot do, the runtime does not claim: it is no Pauser (a
-// Pod cannot be frozen; idle sessions hibernate instead), no StatsReader
-// yet, and its sandboxes are not host processes.
+// Pod cannot be frozen; idle sessions hibernate instead) and its
+// sandboxes are not host processes. It is a StatsReader through the
+// executor (stats.go).
 package kube
 
 import (
@@ -18,8 +19,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -67,12 +72,18 @@ type Config struct {
 	Signer *token.Signer
 	// Port is the executor's TCP port in the Pod. Default 7071.
 	Port int
-	// RuntimeClass, when set, runs sandboxes under that RuntimeClass
-	// (e.g. gVisor's runsc).
-	RuntimeClass string
+	// RuntimeClasses maps a template's runtime (runtime.Spec.Runtime:
+	// runc, crun or runsc) to the RuntimeClass its sandbox Pods run under,
+	// e.g. runsc to a class of gVisor. A template of runc (the default)
+	// without one runs under the cluster's default; one of another
+	// runtime without one does not start (RuntimeClass): it asked for an
+	// isolation the cluster was not said to give, and runc is not it.
+	RuntimeClasses map[string]string
 	// UserNamespaces gives each Pod a user namespace of its own
 	// (hostUsers: false). It needs containerd 2 and runc 1.2 or later on
-	// the nodes; the test cluster (Debian's containerd 1.6) has neither.
+	// the nodes; the test cluster (Debian's containerd 1.6) has neither,
+	// and a node without them refuses the Pod, which fails its Create at
+	// once (refusal.go).
 	UserNamespaces bool
 	// RequestMilliCPU and RequestMemoryMB are what a sandbox asks the
 	// scheduler for, capped by its limits: a sandbox mostly idles, so
@@ -90,6 +101,9 @@ type Config struct {
 	// StartTimeout bounds how long Create waits for a Pod to run and its
 	// executor to answer. Default 2 minutes (an image pull may be slow).
 	StartTimeout time.Duration
+	// StatsTimeout bounds each talk of Stats with an executor or the API
+	// server. Default DefaultStatsTimeout.
+	StatsTimeout time.Duration
 	// Logger; default slog.Default().
 	Logger *slog.Logger
 }
@@ -102,12 +116,49 @@ func (c *Config) hostUsers() *bool {
 	return &f
 }
 
-func (c *Config) runtimeClass() *string {
-	if c.RuntimeClass == "" {
-		return nil
+// RuntimeClass is the RuntimeClass the sandboxes of a template of
+// runtime name run under ("" for the cluster's default).
+// ErrFailedPrecondition: name is not runc and no class is mapped for it.
+func (r *Runtime) RuntimeClass(name string) (string, error) {
+	if name == "" {
+		name = "runc"
 	}
-	s := c.RuntimeClass
-	return &s
+	if !slices.Contains(templateRuntimes, name) {
+		return "", fmt.Errorf("template runtime %s: want one of %s: %w", quote(name), strings.Join(templateRuntimes, ", "), errdefs.ErrInvalidArgument)
+	}
+	class, ok := r.cfg.RuntimeClasses[name]
+	if !ok && name != "runc" {
+		return "", fmt.Errorf("template runtime %s: no RuntimeClass runs it on this cluster (sbx serve --runtime-class %s=CLASS): %w", name, name, errdefs.ErrFailedPrecondition)
+	}
+	return class, nil
+}
+
+// runtimeClass is RuntimeClass as a Pod's runtimeClassName.
+func (r *Runtime) runtimeClass(name string) (*string, error) {
+	class, err := r.RuntimeClass(name)
+	if err != nil || class == "" {
+		return nil, err
+	}
+	return &class, nil
+}
+
+// templateRuntimes are the runtimes a template may declare
+// (template.Spec.Runtime).
+var templateRuntimes = []string{"runc", "crun", "runsc"}
+
+// CheckRuntimeClasses refuses a mapping from something no template
+// declares, or to something that cannot name a RuntimeClass
+// (Config.RuntimeClasses).
+func CheckRuntimeClasses(m map[string]string) error {
+	for name, class := range m {
+		if !slices.Contains(templateRuntimes, name) {
+			return fmt.Errorf("runtime class for %s: a template's runtime is one of %s: %w", quote(name), strings.Join(templateRuntimes, ", "), errdefs.ErrInvalidArgument)
+		}
+		if errs := validation.IsDNS1123Subdomain(class); len(errs) > 0 {
+			return fmt.Errorf("runtime class %s for %s: not a RuntimeClass name: %s: %w", quote(class), name, strings.Join(errs, "; "), errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
 }
 
 // Runtime runs sandboxes as Pods.
@@ -116,8 +167,11 @@ type Runtime struct {
 	log *slog.Logger
 
 	mu      sync.Mutex
-	addrs   map[string]string // sandbox id -> pod IP:port, as last seen
-	volumes *Volumes          // the workspace store over this runtime's Pods, once made
+	addrs   map[string]string      // sandbox id -> pod IP:port, as last seen
+	stats   map[string]*statsEntry // sandbox id -> what Stats keeps of it (stats.go)
+	volumes *Volumes               // the workspace store over this runtime's Pods, once made
+
+	warnEvents sync.Once // watchSandboxRefusal's warning
 
 	// The warm pools' watch (pool.go), started by the first pool call.
 	poolOnce  sync.Once
@@ -126,13 +180,20 @@ type Runtime struct {
 	reserved  map[string]bool // pod name -> a claim of this process holds it
 }
 
-var _ runtime.Runtime = (*Runtime)(nil)
+var (
+	_ runtime.Runtime     = (*Runtime)(nil)
+	_ runtime.StatsReader = (*Runtime)(nil)
+)
 
 // New returns a runtime with cfg.
 func New(cfg Config) (*Runtime, error) {
 	if cfg.Client == nil || cfg.Signer == nil {
 		return nil, fmt.Errorf("kubernetes runtime: a client and a signer are required: %w", errdefs.ErrInvalidArgument)
 	}
+	if err := CheckRuntimeClasses(cfg.RuntimeClasses); err != nil {
+		return nil, fmt.Errorf("kubernetes runtime: %w", err)
+	}
+	cfg.RuntimeClasses = maps.Clone(cfg.RuntimeClasses)
 	if cfg.Namespace == "" {
 		cfg.Namespace = "sbx-sandboxes"
 	}
@@ -151,17 +212,22 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.StartTimeout == 0 {
 		cfg.StartTimeout = 2 * time.Minute
 	}
+	if cfg.StatsTimeout == 0 {
+		cfg.StatsTimeout = DefaultStatsTimeout
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}, reserved: map[string]bool{}}, nil
+	return &Runtime{cfg: cfg, log: log, addrs: map[string]string{}, stats: map[string]*statsEntry{}, reserved: map[string]bool{}}, nil
 }
 
-// Capabilities: a Pod cannot be frozen, its usage is not read cheaply
-// yet, and its processes are not the caller's host's; its warm pools are
-// every replica's (pool.go).
-func (r *Runtime) Capabilities() runtime.Capabilities { return runtime.Capabilities{Pools: true} }
+// Capabilities: a Pod cannot be frozen and its processes are not the
+// caller's host's; its usage is its executor's to tell (stats.go), and
+// its warm pools are every replica's (pool.go).
+func (r *Runtime) Capabilities() runtime.Capabilities {
+	return runtime.Capabilities{Stats: true, Pools: true}
+}
 
 func (r *Runtime) pods() podClient { return r.cfg.Client.CoreV1().Pods(r.cfg.Namespace) }
 
@@ -217,6 +283,11 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, pool *poolMeta)
 	if apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, errdefs.ErrAlreadyExists)
 	}
+	if apierrors.IsForbidden(err) && pod.Spec.RuntimeClassName != nil && strings.Contains(err.Error(), "RuntimeClass") {
+		// The RuntimeClass admission plugin: the class mapped for the
+		// template's runtime is not in the cluster. No retry mends that.
+		return nil, fmt.Errorf("sandbox %s: RuntimeClass %s: %w: %w", spec.ID, *pod.Spec.RuntimeClassName, errdefs.ErrFailedPrecondition, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s: create pod: %w", spec.ID, apiErr(err))
 	}
@@ -257,7 +328,12 @@ func (r *Runtime) create(ctx context.Context, spec runtime.Spec, pool *poolMeta)
 }
 
 // waitRunning watches pod until it runs with an IP, fails, or ctx ends.
+// A Pod whose sandbox the node refuses to make for good (sandboxRefusal)
+// fails at once rather than at the end of ctx.
 func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	refused := r.watchSandboxRefusal(ctx, pod)
 	sel := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
 	rv := pod.ResourceVersion
 	for {
@@ -268,7 +344,21 @@ func (r *Runtime) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 			}
 			return nil, fmt.Errorf("watch pod %s: %w", pod.Name, apiErr(err))
 		}
-		for ev := range w.ResultChan() {
+		results := w.ResultChan()
+		for open := true; open; {
+			var ev watch.Event
+			select {
+			case err := <-refused:
+				w.Stop()
+				return nil, fmt.Errorf("pod %s: %w", pod.Name, err)
+			case <-ctx.Done():
+				w.Stop()
+				return nil, fmt.Errorf("pod %s did not start in time: %w", pod.Name, errdefs.ErrUnavailable)
+			case ev, open = <-results:
+			}
+			if !open {
+				break
+			}
 			switch ev.Type {
 			case watch.Deleted:
 				w.Stop()
@@ -401,6 +491,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 
 func (r *Runtime) remove(ctx context.Context, id, name string) error {
 	r.forget(id)
+	r.mu.Lock()
+	delete(r.stats, id)
+	r.mu.Unlock()
 	grace := int64(0)
 	bg := metav1.DeletePropagationBackground
 	err := r.pods().Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace, PropagationPolicy: &bg})
@@ -440,10 +533,19 @@ func (r *Runtime) waitGone(ctx context.Context, name string) error {
 	}
 }
 
+// forget drops what this process keeps of sandbox id's Pod: its address
+// and its stats connection (not the figures Stats keeps of it).
 func (r *Runtime) forget(id string) {
 	r.mu.Lock()
 	delete(r.addrs, id)
+	var c *execclient.Client
+	if e := r.stats[id]; e != nil {
+		c, e.client = e.client, nil
+	}
 	r.mu.Unlock()
+	if c != nil {
+		c.Close()
+	}
 }
 
 // Inspect reports one sandbox, as the API server has it now.

@@ -225,3 +225,27 @@ print(own, reach)`
 	// conversations groups of its own.
 	check(start(fmt.Sprintf("views-%d-b", os.Getpid())), "second Pod")
 }
+
+// BenchmarkKubernetesStats is one reading of a sandbox Pod's usage, as
+// the usage sampler takes it of every sandbox every few seconds: one
+// request on a kept-alive connection to its executor.
+func BenchmarkKubernetesStats(b *testing.B) {
+	c := kubetest.New(b)
+	img := kubetest.Image(b, "python")
+	rt := newRuntime(b, c, newSigner(b))
+	defer rt.Close()
+	ctx := context.Background()
+	id := fmt.Sprintf("stats-%d", os.Getpid())
+	if _, err := rt.Create(ctx, runtime.Spec{ID: id, Image: img, Volume: workspace.SessionVolume("t", id)}); err != nil {
+		b.Fatal(err)
+	}
+	defer rt.Destroy(ctx, id)
+	if _, err := rt.Stats(ctx, id); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := rt.Stats(ctx, id); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

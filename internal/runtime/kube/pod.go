@@ -113,6 +113,10 @@ func (r *Runtime) podSpec(spec runtime.Spec, image string, res runtime.Resources
 	if err != nil {
 		return nil, err
 	}
+	class, err := r.runtimeClass(spec.Runtime)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: %w", spec.ID, err)
+	}
 	podLabels := map[string]string{labelManaged: labelManagedBy, labelComponent: componentSandbox, labelVolume: volumeLabel(spec.Volume)}
 	maps.Copy(podLabels, r.cfg.PodLabels)
 
@@ -164,7 +168,7 @@ func (r *Runtime) podSpec(spec runtime.Spec, image string, res runtime.Resources
 			SecurityContext: &corev1.PodSecurityContext{
 				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 			},
-			RuntimeClassName: r.cfg.runtimeClass(),
+			RuntimeClassName: class,
 			Containers: []corev1.Container{{
 				Name:            containerName,
 				Image:           image,

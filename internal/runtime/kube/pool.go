@@ -136,12 +136,14 @@ func (r *Runtime) poolCache(ctx context.Context) (cache.SharedIndexInformer, err
 	return r.informer, nil
 }
 
-// Close stops the pools' watch, if it was started.
+// Close stops the pools' watch, if it was started, and closes the
+// connections Stats keeps.
 func (r *Runtime) Close() {
 	r.poolOnce.Do(func() {}) // none from now on
 	if r.stopPools != nil {
 		r.stopPools()
 	}
+	r.closeStats()
 }
 
 // poolPods are the watched Pods of pool name.

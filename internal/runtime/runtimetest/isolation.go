@@ -387,6 +387,14 @@ print(len(kids))`}, nil)
 		if res.Error == nil || res.Error.Type != "OutOfMemory" && res.Error.Type != "MemoryError" {
 			t.Errorf("memory bomb: status %s error %+v", res.Status, res.Error)
 		}
+		// The kill is in the sandbox's figures (usage reports them).
+		if r, ok := runtime.StatsReaderOf(h.Runtime); ok && res.Error != nil && res.Error.Type == "OutOfMemory" {
+			st, err := r.Stats(context.Background(), b.ID)
+			t.Logf("after the memory bomb: %+v, %v", st, err)
+			if err != nil || st.OOMKills == 0 {
+				t.Errorf("after an execution the OOM killer ended: stats %+v, %v; want an OOM kill", st, err)
+			}
+		}
 		b.MustRun(t, "python", "print('still here')")
 		s.MustRun(t, "python", "print('bystander fine')")
 	})

@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -481,7 +482,10 @@ func testPause(t *testing.T, h *Harness) {
 	}
 }
 
-// testStats is the StatsReader capability.
+// testStats is the StatsReader capability: figures that follow what the
+// code does (memory grows while it holds an allocation, CPU time grows
+// while it computes), the sandbox's limits, a stopped sandbox's answer,
+// and ErrNotFound. OOM kills are counted in MemoryBomb (Isolation).
 func testStats(t *testing.T, h *Harness) {
 	r := h.statsReader(t)
 	ctx := context.Background()
@@ -491,11 +495,57 @@ func testStats(t *testing.T, h *Harness) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := r.Stats(ctx, s.ID)
-	if err != nil || st.MemoryBytes == 0 || st.PIDs == 0 || st.CPUNanos == 0 {
-		t.Errorf("stats: %+v, %v", st, err)
-	} else if want := info.Resources; st.Limits != want {
-		t.Errorf("stats: limits %+v, want what the sandbox was given (defaults filled in): %+v", st.Limits, want)
+	idle, err := r.Stats(ctx, s.ID)
+	if err != nil || idle.MemoryBytes == 0 || idle.PIDs == 0 || idle.CPUNanos == 0 {
+		t.Fatalf("stats: %+v, %v", idle, err)
+	}
+	if want := info.Resources; idle.Limits != want {
+		t.Errorf("stats: limits %+v, want what the sandbox was given (defaults filled in): %+v", idle.Limits, want)
+	}
+	if idle.MemoryCacheBytes > idle.MemoryBytes || idle.MemoryPeakBytes != 0 && idle.MemoryPeakBytes < idle.MemoryBytes {
+		t.Errorf("stats: cache %d and peak %d against memory %d", idle.MemoryCacheBytes, idle.MemoryPeakBytes, idle.MemoryBytes)
+	}
+
+	// While code holds 96 MiB it has touched, the sandbox's memory counts
+	// them, and the CPU time that took.
+	const held = 96 << 20
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	holding := make(chan struct{})
+	var once sync.Once
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Client.Run(rctx, wire.RunRequest{ID: fmt.Sprintf("e%d", seq.Add(1)), Language: "python", TimeoutMs: 110_000,
+			Code: fmt.Sprintf("import time\nx = bytearray(%d)\nx[::4096] = b'x' * len(x[::4096])\nprint('holding', flush=True)\ntime.sleep(100)", held)},
+			func(_, data string) {
+				if strings.Contains(data, "holding") {
+					once.Do(func() { close(holding) })
+				}
+			})
+		done <- err
+	}()
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the allocation's run ended before it held its memory: %v", err)
+	}
+	busy, err := r.Stats(ctx, s.ID)
+	cancel()
+	<-done
+	t.Logf("stats at rest: %+v; holding %d MiB: %+v", idle, held>>20, busy)
+	if err != nil || busy.MemoryBytes < idle.MemoryBytes+held*3/4 || busy.CPUNanos <= idle.CPUNanos {
+		t.Errorf("stats while code holds %d MiB: %+v, %v; at rest: %+v", held>>20, busy, err, idle)
+	} else if busy.MemoryPeakBytes != 0 && busy.MemoryPeakBytes < busy.MemoryBytes {
+		t.Errorf("stats while code holds %d MiB: peak %d under the memory %d", held>>20, busy.MemoryPeakBytes, busy.MemoryBytes)
+	}
+
+	// Stopped, a sandbox still answers (with its limits); gone, it is
+	// ErrNotFound.
+	if err := h.Runtime.Stop(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := r.Stats(ctx, s.ID); err != nil || st.Limits != info.Resources {
+		t.Errorf("stats of a stopped sandbox: %+v, %v; want its limits %+v", st, err, info.Resources)
 	}
 	if _, err := r.Stats(ctx, "rtt-unknown"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("stats unknown: %v, want ErrNotFound", err)
