@@ -20,6 +20,7 @@ import (
 	"github.com/sbx-sandbox/sbx/internal/app"
 	"github.com/sbx-sandbox/sbx/internal/server"
 	"github.com/sbx-sandbox/sbx/internal/testenv"
+	"github.com/sbx-sandbox/sbx/internal/testenv/kubetest"
 )
 
 // TestE2BCompat runs compat/e2b, the E2B compatibility suite: Node scripts
@@ -33,11 +34,26 @@ func TestE2BCompat(t *testing.T) {
 	env := testenv.New(t)
 	env.Rootfs(t, "python")
 	env.Rootfs(t, "python-datascience")
+	runE2BCompat(t, node, npm)
+}
 
+// TestE2BCompatKubernetes is the same suite against a server whose
+// sandboxes are Pods of the test cluster (internal/runtime/kube).
+func TestE2BCompatKubernetes(t *testing.T) {
+	node, npm := nodeAndNpm(t)
+	c := kubetest.New(t)
+	kubetest.Image(t, "python")
+	kubetest.Image(t, "python-datascience")
+	runE2BCompat(t, node, npm, func(cfg *app.Config) {
+		cfg.Kubernetes = &app.Kubernetes{Kubeconfig: c.Kubeconfig, Namespace: c.Namespace}
+	})
+}
+
+func runE2BCompat(t *testing.T, node, npm string, configure ...func(*app.Config)) {
 	b := make([]byte, 20)
 	rand.Read(b)
 	key := "e2b_" + hex.EncodeToString(b)
-	url := startE2BServer(t, key+":e2b-tenant")
+	url := startE2BServer(t, key+":e2b-tenant", configure...)
 
 	suite, err := filepath.Abs(filepath.Join("..", "..", "compat", "e2b"))
 	if err != nil {
@@ -86,7 +102,7 @@ func TestE2BCompat(t *testing.T) {
 
 // startE2BServer starts a real server with the given API key (KEY:TENANT)
 // and returns its URL.
-func startE2BServer(t *testing.T, keySpec string) string {
+func startE2BServer(t *testing.T, keySpec string, configure ...func(*app.Config)) string {
 	t.Helper()
 	keys, err := server.ParseKeys([]string{keySpec})
 	if err != nil {
@@ -94,7 +110,8 @@ func startE2BServer(t *testing.T, keySpec string) string {
 	}
 	// The SDKs' suite runs under a cap on open streams, as a server
 	// with the default --limits does.
-	return startE2B(t, t.TempDir(), func(c *app.Config) { c.Keys, c.Limits.Streams = keys, 16 }).URL
+	configure = append([]func(*app.Config){func(c *app.Config) { c.Keys, c.Limits.Streams = keys, 16 }}, configure...)
+	return startE2B(t, t.TempDir(), configure...).URL
 }
 
 // startE2B is startReal without the contract checker: the E2B routes are
