@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 
 	"github.com/sbx-sandbox/sbx/internal/executor/client"
 	"github.com/sbx-sandbox/sbx/internal/executor/wire"
@@ -210,5 +213,29 @@ func TestRunBeforeReady(t *testing.T) {
 	}
 	if res.Error != nil && strings.Contains(res.Error.Message, "zygote") {
 		t.Fatalf("%+v", res.Error)
+	}
+}
+
+// TestZygoteKillLeavesNoGoroutine: kill of a zygote whose death no reaper
+// reports (a shim that failed to start it, say) leaves nothing running
+// to wait for it: the escalation to SIGKILL is a timer.
+func TestZygoteKillLeavesNoGoroutine(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "trap '' TERM; sleep 30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}()
+	before := goleak.IgnoreCurrent()
+	z := &zygote{proc: cmd.Process, dead: make(chan struct{})}
+	z.kill()
+	z.kill() // twice: one SIGKILL to come
+	if err := goleak.Find(before); err != nil {
+		t.Fatalf("kill left a goroutine: %v", err)
+	}
+	if t0 := z.hardKill.Load(); t0 == nil || !t0.Stop() {
+		t.Fatal("no SIGKILL to come")
 	}
 }

@@ -88,8 +88,14 @@ func shimUnprivileged(cfg shimConfig, status *os.File) (unix.WaitStatus, error) 
 		return 0, fmt.Errorf("the zygote script %s is not among the files to hand over", cfg.Script)
 	}
 	// CAP_SETGID alone stays, for the zygote to hand each worker its
-	// conversation's group (podviews.go).
-	if err := dropInheritable(1 << unix.CAP_SETGID); err != nil {
+	// conversation's group (podviews.go): through the exec as an ambient
+	// capability, which gVisor does not have. There the zygote gets none,
+	// and a run naming a conversation fails (worker.py's enter_run).
+	keep, ambient := uint64(1<<unix.CAP_SETGID), []uintptr{unix.CAP_SETGID}
+	if _, err := unix.PrctlRetInt(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_IS_SET, unix.CAP_SETGID, 0, 0); err != nil {
+		keep, ambient = 0, nil
+	}
+	if err := dropInheritable(keep); err != nil {
 		return 0, fmt.Errorf("%w (the unprivileged mode needs CAP_SETPCAP to empty the bounding set)", err)
 	}
 	// The zygote needs no namespace: it gets the workers' filter, which
@@ -103,7 +109,7 @@ func shimUnprivileged(cfg shimConfig, status *os.File) (unix.WaitStatus, error) 
 	if err := seccomp.Install(filter); err != nil {
 		return 0, fmt.Errorf("zygote filter: %w", err)
 	}
-	pid, err := forkZygote(cfg.Python, script, zcfg, files, true, unix.CAP_SETGID)
+	pid, err := forkZygote(cfg.Python, script, zcfg, files, true, ambient...)
 	if err != nil {
 		return 0, err
 	}

@@ -175,6 +175,8 @@ def enter_run(conversation, group=0, plan=DROP_PLAN, workspace=WORKSPACE, stage=
             if UNPRIV:
                 if not group:
                     raise ViewError("the executor gave the conversation no group")
+                if not setgid_kept():
+                    raise ViewError("conversation views in a Pod need the zygote to keep CAP_SETGID, which it cannot without ambient capabilities (gVisor has none)")
                 groups = [group]
             else:
                 conversation_view(conversation, workspace, stage, owners)
@@ -325,6 +327,14 @@ def setgid_idle():
         _fail("PR_CAP_AMBIENT_CLEAR_ALL")
 
 
+def setgid_kept():
+    """Whether the unprivileged zygote's CAP_SETGID is ours (setgid_idle)."""
+    buf = (ctypes.c_uint32 * 6)()
+    if _capget(_CAP_HDR, buf) != 0:
+        return False
+    return bool(buf[1] & (1 << CAP_SETGID))
+
+
 def raise_setgid():
     """Make the kept CAP_SETGID effective, for setgroups at the drop."""
     buf = (ctypes.c_uint32 * 6)()
@@ -346,7 +356,7 @@ def drop_inherited_caps():
             # them but for CAP_SETGID (setgid_idle), and nothing can fill
             # them again.
             got = status_fields(("CapBnd", "CapAmb"))
-            return int(got.get("CapBnd", "1"), 16) & ~(1 << CAP_SETGID) == 0 and int(got.get("CapAmb", "1"), 16) == 0
+            return int(got.get("CapBnd", "1"), 16) & ~(1 << CAP_SETGID) == 0 and int(got.get("CapAmb", "0"), 16) == 0
         drop_bounding_and_ambient()
         got = status_fields(("CapBnd", "CapAmb"))
         return int(got.get("CapBnd", "1"), 16) == 0 and int(got.get("CapAmb", "0"), 16) == 0

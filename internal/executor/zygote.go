@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -60,6 +61,10 @@ type zygote struct {
 	dead     chan struct{} // closed once the zygote's exit was reaped
 	deadOnce sync.Once
 	status   unix.WaitStatus // set before dead is closed
+
+	// hardKill is kill's SIGKILL to come (a timer, not a goroutine that
+	// would wait for a death no reaper may report); die stops it.
+	hardKill atomic.Pointer[time.Timer]
 
 	mu       sync.Mutex
 	nextTag  uint64
@@ -474,15 +479,16 @@ func (z *zygote) kill() {
 	// of its namespaces before it exits; SIGKILL does it the hard way,
 	// leaving the holder for the reaper, if the shim is somehow stuck.
 	_ = z.proc.Signal(unix.SIGTERM)
-	go func() {
-		t := time.NewTimer(5 * time.Second)
-		defer t.Stop()
+	t := time.AfterFunc(5*time.Second, func() {
 		select {
 		case <-z.dead:
-		case <-t.C:
+		default:
 			_ = z.proc.Signal(os.Kill)
 		}
-	}()
+	})
+	if !z.hardKill.CompareAndSwap(nil, t) {
+		t.Stop() // one is on its way already
+	}
 }
 
 // die runs when the zygote's exit was reaped: its children have been
@@ -501,6 +507,9 @@ func (z *zygote) die(ws unix.WaitStatus, onDeath func(*zygote)) {
 		z.idle = nil
 		z.mu.Unlock()
 		close(z.dead)
+		if t := z.hardKill.Load(); t != nil {
+			t.Stop()
+		}
 		for _, c := range children {
 			c.kill()
 			c.markGone(0, true)
