@@ -245,6 +245,7 @@ type App struct {
 	trimmed   time.Time     // when the leader last deleted old events
 	stop      chan struct{}
 	closeOnce sync.Once
+	pods      *kube.Runtime // the sandboxes' runtime on Kubernetes, or nil
 	wg        sync.WaitGroup
 }
 
@@ -481,14 +482,18 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 			}
 		},
 	})
+	disk := func(ctx context.Context, volume string) (int64, int64, error) {
+		dir, err := volumes.VolumeDir(ctx, volume)
+		if err != nil {
+			return 0, 0, err
+		}
+		return quotas.Usage(ctx, dir)
+	}
+	if pods != nil {
+		disk = nil // no workspace on this host: the Pod's stats say it
+	}
 	sampler = usage.New(usage.Config{
-		Held: mgr.Held, Disk: func(ctx context.Context, volume string) (int64, int64, error) {
-			dir, err := volumes.VolumeDir(ctx, volume)
-			if err != nil {
-				return 0, 0, err
-			}
-			return quotas.Usage(ctx, dir)
-		}, Interval: cfg.MetricsInterval, Keep: cfg.MetricsHistory, Log: log,
+		Held: mgr.Held, Disk: disk, Interval: cfg.MetricsInterval, Keep: cfg.MetricsHistory, Log: log,
 	})
 	metrics = server.NewMetrics(st, mgr)
 	metrics.RegisterUsage(sampler)
@@ -537,7 +542,7 @@ func Open(ctx context.Context, cfg Config) (*App, error) {
 	})
 	mgr.Prebuild(cfg.Prebuild)
 	app := &App{Server: srv, Store: st, Sessions: mgr, Execs: execs, Templates: reg, Usage: sampler, log: log, leader: leader, replica: replica, stop: make(chan struct{}),
-		events: evlog, webhooks: hooks, retention: cfg.Events.Retention}
+		events: evlog, webhooks: hooks, retention: cfg.Events.Retention, pods: pods}
 	if evlog != nil {
 		hooks.Start()
 	}
@@ -560,6 +565,9 @@ func (a *App) close() {
 	a.Usage.Close()
 	a.Execs.Close()
 	a.Sessions.Close()
+	if a.pods != nil {
+		a.pods.Close() // its pools' watch, its executors' connections, its API server's
+	}
 	a.Templates.Close()
 	if a.events != nil {
 		a.events.Close() // after what emits, so that their last events go in

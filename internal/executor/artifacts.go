@@ -36,6 +36,9 @@ type workspaceSnapshot struct {
 	truncated bool
 	// blind is set when part of the tree could not be read.
 	blind bool
+	// bytes is the disk the regular files take (their allocated blocks):
+	// at least that, if truncated or blind.
+	bytes int64
 }
 
 // snapshotWorkspace walks root without following symbolic links: a link
@@ -78,6 +81,7 @@ func snapshotWorkspace(root string) workspaceSnapshot {
 			return nil
 		}
 		snap.files[rel] = fileKey{size: st.Size, mtime: st.Mtim.Nano(), ino: st.Ino}
+		snap.bytes += st.Blocks * 512
 		return nil
 	})
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {

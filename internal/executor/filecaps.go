@@ -176,6 +176,12 @@ func (s *Server) initWorkspace() error {
 // baseline has none), and the workspace (0711, the user's) is closed to
 // it: the walk runs with the file capabilities on its thread.
 func (s *Server) snapshotWorkspace() workspaceSnapshot {
+	snap := s.walkWorkspace()
+	s.workspaceBytes.Store(snap.bytes)
+	return snap
+}
+
+func (s *Server) walkWorkspace() workspaceSnapshot {
 	if !s.cfg.Unprivileged {
 		return snapshotWorkspace(s.cfg.Workspace)
 	}

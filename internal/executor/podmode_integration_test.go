@@ -257,8 +257,10 @@ func TestPodModeRuns(t *testing.T) {
 		t.Fatalf("output limit: truncated %v, %d bytes", res.StdoutTruncated, len(res.Stdout))
 	}
 	// Stats read the read-only cgroupfs, or degrade; they never fail.
-	if _, err := p.c.Stats(context.Background()); err != nil {
-		t.Fatalf("stats: %v", err)
+	// The workspace's disk is the last walk's: a run that wrote 2 MiB.
+	p.ok(t, "import os\nopen('/workspace/two.bin', 'wb').write(os.urandom(2 << 20))")
+	if st, err := p.c.Stats(context.Background()); err != nil || st.WorkspaceBytes < 2<<20 {
+		t.Fatalf("stats: %+v, %v; want workspace_bytes of 2 MiB at least", st, err)
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sbx-sandbox/sbx/errdefs"
@@ -208,6 +209,9 @@ type Server struct {
 	zygErr     error         // why the last zygote died or failed to start
 
 	ws *workspace.Local // the file routes' workspace, opened on first use
+	// workspaceBytes is the disk the workspace's files took at the last
+	// walk (every execution's start and end): /stats's workspace_bytes.
+	workspaceBytes atomic.Int64
 
 	// The unprivileged mode's conversation views (podviews.go); nil in
 	// the other mode, whose workers make theirs with mounts.
@@ -455,6 +459,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
 	st := s.cg.read()
+	st.WorkspaceBytes = uint64(max(0, s.workspaceBytes.Load()))
 	s.mu.Lock()
 	st.RunningExecutions = len(s.execs)
 	st.Contexts = len(s.contexts)

@@ -301,6 +301,10 @@ type Stats struct {
 	CPUNanos uint64 `json:"cpu_nanos"`
 	PIDs     uint64 `json:"pids"`
 	OOMKills uint64 `json:"oom_kills"`
+	// DiskBytes is the workspace's use where the runtime knows it without
+	// the host (a Pod: the executor's walk at its last execution); 0 where
+	// the host's quota says it (the usage sampler's Disk).
+	DiskBytes uint64 `json:"disk_bytes"`
 	// Limits are the resources the sandbox was created with, defaults
 	// filled in.
 	Limits Resources `json:"limits"`

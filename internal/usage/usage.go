@@ -278,6 +278,9 @@ func (s *Sampler) measure(ctx context.Context, t session.SandboxRef) (Sample, er
 		if used, limit, err := s.cfg.Disk(ctx, t.Volume); err == nil {
 			smp.DiskBytes, smp.DiskLimitBytes = used, limit
 		}
+	} else if st.DiskBytes > 0 || st.Limits.DiskMB > 0 {
+		// No host quota to ask (a Pod): what the runtime read.
+		smp.DiskBytes, smp.DiskLimitBytes = int64(min(st.DiskBytes, 1<<62)), st.Limits.DiskMB<<20
 	}
 	return smp, nil
 }

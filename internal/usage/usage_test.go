@@ -399,3 +399,20 @@ func TestSlowSandboxesDoNotStallThePass(t *testing.T) {
 		t.Errorf("a stalled reading was given %v, more than a fifth of the pass (%v)", most, f.cfg.Interval/readShare)
 	}
 }
+
+// Without a host quota to ask (Disk nil: a server of Pods), a sample's
+// disk is what the runtime read, of the sandbox's disk limit.
+func TestDiskFromTheRuntime(t *testing.T) {
+	f := newFixture(t, time.Minute)
+	f.cfg.Disk = nil
+	ref := f.hold("t", "p", 1)
+	st, _ := f.rt.Stats(context.Background(), ref.ID)
+	st.DiskBytes, st.Limits.DiskMB = 5<<20, 1024
+	f.rt.SetStats(ref.ID, *st)
+	f.tick(0)
+	f.tick(5 * time.Second)
+	h := f.History("t", "p", ref.ID, time.Time{})
+	if len(h) != 1 || h[0].DiskBytes != 5<<20 || h[0].DiskLimitBytes != 1<<30 {
+		t.Fatalf("samples %+v, want one of 5 MiB used of 1 GiB", h)
+	}
+}

@@ -172,6 +172,10 @@ type Stats struct {
 	OOMKillCount      uint64 `json:"oom_kill_count"`
 	RunningExecutions int    `json:"running_executions"`
 	Contexts          int    `json:"contexts"`
+	// WorkspaceBytes is the disk the workspace's files took when the
+	// executor last walked it, at an execution's start or end (a Pod's
+	// emptyDir has no quota to ask); 0 before the first execution.
+	WorkspaceBytes uint64 `json:"workspace_bytes"`
 }
 
 // CancelRequest is the body of POST /cancel.

@@ -32,6 +32,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
@@ -638,4 +639,16 @@ func Connect(kubeconfig string) (kubernetes.Interface, error) {
 	cfg.QPS, cfg.Burst = 100, 200
 	cfg.UserAgent = "sbx"
 	return kubernetes.NewForConfig(cfg)
+}
+
+// CloseIdle closes the idle connections of client to the API server (an
+// HTTP/2 connection keeps a goroutine reading it until it closes): when
+// a server or a test is done with the cluster. A later call opens a new
+// one.
+func CloseIdle(client kubernetes.Interface) {
+	if rc, ok := client.CoreV1().RESTClient().(*rest.RESTClient); ok && rc != nil && rc.Client != nil {
+		// Through client-go's wrappers (auth, user agent), which
+		// http.Client's own CloseIdleConnections does not see through.
+		utilnet.CloseIdleConnectionsFor(rc.Client.Transport)
+	}
 }

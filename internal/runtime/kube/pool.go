@@ -127,8 +127,12 @@ func (r *Runtime) poolCache(ctx context.Context) (cache.SharedIndexInformer, err
 			},
 		})
 		ictx, stop := context.WithCancel(context.Background())
-		r.stopPools = stop
-		go r.informer.RunWithContext(ictx)
+		done := make(chan struct{})
+		r.stopPools = func() { stop(); <-done }
+		go func() {
+			defer close(done)
+			r.informer.RunWithContext(ictx)
+		}()
 	})
 	if !cache.WaitForCacheSync(ctx.Done(), r.informer.HasSynced) {
 		return nil, fmt.Errorf("watching the warm pools' pods: %w", errdefs.ErrUnavailable)
@@ -136,14 +140,15 @@ func (r *Runtime) poolCache(ctx context.Context) (cache.SharedIndexInformer, err
 	return r.informer, nil
 }
 
-// Close stops the pools' watch, if it was started, and closes the
-// connections Stats keeps.
+// Close stops the pools' watch, if it was started, and waits for it; it
+// closes the connections Stats keeps and the idle ones to the API server.
 func (r *Runtime) Close() {
 	r.poolOnce.Do(func() {}) // none from now on
 	if r.stopPools != nil {
 		r.stopPools()
 	}
 	r.closeStats()
+	CloseIdle(r.cfg.Client)
 }
 
 // poolPods are the watched Pods of pool name.

@@ -156,6 +156,7 @@ func (r *Runtime) record(e *statsEntry, ws *wire.Stats) *runtime.Stats {
 		CPUNanos:         min(ws.CPUUsageNs, maxFigure),
 		PIDs:             min(ws.PidsCurrent, maxFigure),
 		OOMKills:         min(ws.OOMKillCount, maxFigure),
+		DiskBytes:        min(ws.WorkspaceBytes, maxFigure),
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

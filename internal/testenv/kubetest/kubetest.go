@@ -83,6 +83,7 @@ func New(t testing.TB) *Cluster {
 		if err := client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 			t.Logf("delete namespace %s: %v", ns, err)
 		}
+		kube.CloseIdle(client)
 	})
 	return &Cluster{Client: client, Kubeconfig: kc, Namespace: ns}
 }
