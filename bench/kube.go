@@ -97,6 +97,11 @@ func benchKube(ctx context.Context, add func(row)) {
 	benchKubePool(ctx, cl, runc, pods, add)
 	benchKubeLifecycle(ctx, runc, pods, add, " (warm pool)")
 	stopPair(runc, pods)
+	if cl != nil {
+		// A stopped server leaves its pool's Pods (its leader collected
+		// them); the next pair must have the node's Pod slots to itself.
+		cl.deletePods()
+	}
 
 	runc, pods = pair("plain")
 	defer stopPair(runc, pods)
@@ -196,6 +201,27 @@ func (cl *benchCluster) close(add func(row)) {
 	zero := int64(0)
 	cl.client.CoreV1().Pods(cl.namespace).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{})
 	cl.deleteNamespace()
+}
+
+// deletePods deletes the Pods of the bench's namespace and waits until
+// they are gone.
+func (cl *benchCluster) deletePods() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pods := cl.client.CoreV1().Pods(cl.namespace)
+	zero := int64(0)
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: &zero}, metav1.ListOptions{}); err != nil {
+		log.Printf("deleting the pods of %s: %v", cl.namespace, err)
+		return
+	}
+	for ctx.Err() == nil {
+		l, err := pods.List(ctx, metav1.ListOptions{})
+		if err == nil && len(l.Items) == 0 {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	log.Printf("the pods of %s are not gone after 2 minutes", cl.namespace)
 }
 
 func (cl *benchCluster) deleteNamespace() {
