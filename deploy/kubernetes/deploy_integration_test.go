@@ -57,6 +57,7 @@ func TestDeployKubernetes(t *testing.T) {
 		{"Hostile", d.testHostile},
 		{"SandboxPodDeleted", d.testSandboxPodDeleted},
 		{"ReplicaDeleted", d.testReplicaDeleted},
+		{"ReplicasKilled", d.testReplicasKilled},
 		{"Hibernate", d.testHibernate},
 		{"Agents", d.testAgents},
 	} {

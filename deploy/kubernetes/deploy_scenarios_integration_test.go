@@ -673,6 +673,39 @@ func (d *deployment) testReplicaDeleted(t *testing.T) {
 	files.check(t, c, sid)
 }
 
+// testReplicasKilled: every sbx replica killed at once with no grace (a
+// node lost, `kubectl delete --force --grace-period=0`): no drain, no
+// lease given back. Once the Deployment has replaced them, a session made
+// before has every file and runs code again; the sandbox Pods outlived
+// their control plane, and the new replicas adopt them.
+func (d *deployment) testReplicasKilled(t *testing.T) {
+	c := d.client("acme", false)
+	const sid = "killed"
+	createSession(t, c, sid)
+	files := plant(t, c, sid, "before")
+	var gone []string
+	for _, p := range d.podsOf(t, controlNamespace, "sbx") {
+		gone = append(gone, p.Name)
+	}
+	t0 := time.Now()
+	for _, name := range gone {
+		d.deletePod(t, controlNamespace, name, true)
+	}
+	for _, name := range gone {
+		d.waitReplicas(t, name)
+	}
+	d.waitServing(t, callCtx(t))
+	t.Logf("killed replicas %v; the Deployment serves again %s later", gone, time.Since(t0).Round(100*time.Millisecond))
+	files.check(t, c, sid)
+	after := plant(t, c, sid, "after")
+	after.check(t, c, sid)
+	// Its sandbox's CPU counts against the tenant's limit (8 cores), which
+	// the scenarios after this one need.
+	if _, err := c.DeleteSession(callCtx(t), sid); err != nil {
+		t.Error(err)
+	}
+}
+
 // waitReplicas waits until the Deployment has all its replicas ready
 // and no other Pod: none terminating, none named gone.
 func (d *deployment) waitReplicas(t *testing.T, gone string) {
