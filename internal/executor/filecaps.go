@@ -185,22 +185,12 @@ func (s *Server) walkWorkspace() workspaceSnapshot {
 	if !s.cfg.Unprivileged {
 		return snapshotWorkspace(s.cfg.Workspace)
 	}
-	done := make(chan workspaceSnapshot, 1)
-	go func() {
-		runtime.LockOSThread()
-		restore, err := raiseCaps(fileCaps)
-		if err != nil {
-			runtime.UnlockOSThread()
-			done <- workspaceSnapshot{files: map[string]fileKey{}, modes: map[string]fs.FileMode{}, blind: true}
-			return
-		}
-		snap := snapshotWorkspace(s.cfg.Workspace)
-		if restore() == nil {
-			runtime.UnlockOSThread()
-		} // else the thread ends with this goroutine, still locked
-		done <- snap
-	}()
-	return <-done
+	var snap workspaceSnapshot
+	if err := withFileCapsDo(func() error { snap = snapshotWorkspace(s.cfg.Workspace); return nil }); err != nil {
+		// Without the capabilities nothing of the workspace is known.
+		return workspaceSnapshot{files: map[string]fileKey{}, modes: map[string]fs.FileMode{}, blind: true}
+	}
+	return snap
 }
 
 // heldResponse keeps a file route's answer (a few hundred bytes of JSON)
